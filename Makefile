@@ -1,0 +1,72 @@
+# make test: bootstrap every venv this project needs, then ruff, mypy and every test tier.
+# make demo: serve a resources server, play its rows with a verifiers-like client, print the rewards, stop.
+#
+# Three venvs, because the tiers cannot share one:
+#   .venv        Python 3.12, gymhost without nemo-gym or omegaconf: proves the base install works alone.
+#   .venv-gym04  Python 3.12, nemo-gym 0.4.0 (the version verifiers pins).
+#   .venv-gym07  Python 3.13, nemo-gym 0.7.0. nemo-gym >= 0.5 declares Requires-Python >= 3.13.14 and these
+#                machines have 3.13.0, so it is installed with --ignore-requires-python (it runs fine).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := test
+
+# The first interpreter of the wanted version that actually runs (pyenv shims exist for versions that are not
+# selected, and fail when called).
+find_python = $(firstword $(foreach c,$(1) $(wildcard $(HOME)/.pyenv/versions/$(2).*/bin/$(1)) /usr/local/bin/$(1) /usr/bin/$(1),$(shell $(c) -c 'import sys; print(sys.executable)' 2>/dev/null)))
+PY312 ?= $(call find_python,python3.12,3.12)
+PY313 ?= $(call find_python,python3.13,3.13)
+
+GYM04 := 0.4.0
+GYM07 := 0.7.0
+# The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
+PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+
+.PHONY: test lint typecheck test-unit test-gym04 test-gym07 demo bench clean check-pythons
+
+check-pythons:
+	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
+	@test -n "$(PY313)" || { echo "make: python3.13 not found (set PY313=/path/to/python3.13)"; exit 1; }
+
+.venv/.installed: pyproject.toml | check-pythons
+	rm -rf .venv && $(PY312) -m venv .venv
+	.venv/bin/pip install -q -e '.[dev]' $(PIP_QUIET)
+	touch $@
+
+.venv-gym04/.installed: pyproject.toml | check-pythons
+	rm -rf .venv-gym04 && $(PY312) -m venv .venv-gym04
+	.venv-gym04/bin/pip install -q -e '.[dev,nemo-gym]' nemo-gym==$(GYM04) $(PIP_QUIET)
+	touch $@
+
+.venv-gym07/.installed: pyproject.toml | check-pythons
+	rm -rf .venv-gym07 && $(PY313) -m venv .venv-gym07
+	.venv-gym07/bin/pip install -q --ignore-requires-python -e '.[dev,nemo-gym]' nemo-gym==$(GYM07) $(PIP_QUIET)
+	touch $@
+
+lint: .venv/.installed
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
+
+# mypy runs where nemo-gym is installed, so the modules that use it are checked against it.
+typecheck: .venv-gym04/.installed
+	.venv-gym04/bin/mypy
+
+test-unit: .venv/.installed
+	.venv/bin/pytest -m unit
+
+test-gym04: .venv-gym04/.installed
+	.venv-gym04/bin/pytest -m nemo_gym
+
+test-gym07: .venv-gym07/.installed
+	.venv-gym07/bin/pytest -m nemo_gym
+
+test: lint typecheck test-unit test-gym04 test-gym07
+
+demo: .venv-gym04/.installed
+	.venv-gym04/bin/python examples/demo.py
+
+bench: .venv-gym07/.installed
+	.venv-gym07/bin/python benchmarks/run.py
+
+clean:
+	rm -rf .venv .venv-gym04 .venv-gym07 .pytest_cache .mypy_cache .ruff_cache

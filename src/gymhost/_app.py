@@ -1,0 +1,108 @@
+"""``create_app``: a resources-server folder in, a ready ASGI app out.
+
+This is the app-building half of Gym's ``SimpleServer.run_webserver``, in the same order, without its process
+side effects: no Ray, no head server, no ``uvicorn.run``, no ulimit or stdout patching, no telemetry. What is
+left is a FastAPI app that any ASGI server can run and any router can mount.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._exceptions import FolderError
+from ._folder import ServerSpec, load_server_spec
+from ._nemo_gym import require_nemo_gym
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+__all__ = ["HostedServer", "create_app"]
+
+logger = logging.getLogger("gymhost")
+
+DEFAULT_HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class HostedServer:
+    """What ``create_app`` built, kept on ``app.state.gymhost`` for hosts and tools to inspect."""
+
+    spec: ServerSpec
+    server: Any
+    nemo_gym_version: str
+
+    @property
+    def name(self) -> str:
+        return str(self.server.config.name)
+
+
+def create_app(
+    folder: str | Path,
+    *,
+    server_urls: Mapping[str, str] | None = None,
+    config_key: str | None = None,
+    **overrides: Any,
+) -> FastAPI:
+    """Build the ASGI app of the resources server in ``folder``.
+
+    ``server_urls`` maps the names of other Gym servers this one calls (a judge, a policy model) to their
+    base URLs. ``overrides`` set config fields before validation: ``host`` and ``port`` (what the server
+    believes it has; default 127.0.0.1:0), ``name`` (the runtime name; default the config's top-level key),
+    or any field of the server's own config. ``config_key`` picks the top-level key when a folder's configs
+    hold several resources servers.
+    """
+    version = require_nemo_gym()
+    from ._entrypoint import find_server_class, import_entrypoint
+    from ._server_client import build_server_client, own_aiohttp_client, referenced_servers, seed_global_config
+
+    name = overrides.pop("name", None)
+    spec = load_server_spec(folder, config_key=config_key, overrides=overrides)
+    server_class = find_server_class(spec, import_entrypoint(spec))
+    urls = dict(server_urls or {})
+
+    config = _validate_config(spec, server_class, name or spec.config_key)
+    global_config = seed_global_config(spec, config, urls)
+    try:
+        server = server_class(config=config, server_client=build_server_client(urls))
+    except Exception as error:
+        raise FolderError(f"{spec.where()}: building {server_class.__name__} failed: {error!r}") from error
+
+    app: FastAPI = server.setup_webserver()
+    if getattr(config, "expose_tools_over_mcp", False):
+        # nemo-gym >= 0.5 moved MCP out of the server classes into this launch-time step.
+        from nemo_gym.mcp_auto_exposure import maybe_auto_expose
+
+        maybe_auto_expose(server, app)
+    server.setup_liveness(app)
+    server.setup_exception_middleware(app)
+    if hasattr(server, "setup_cancellation_middleware"):  # 0.5+: outermost, as run_webserver installs it
+        server.setup_cancellation_middleware(app)
+    own_aiohttp_client(app, global_config)
+    app.state.gymhost = HostedServer(spec=spec, server=server, nemo_gym_version=version)
+
+    unmapped = sorted(set(referenced_servers(spec.block)) - set(urls))
+    if unmapped:
+        logger.warning(
+            "%s refers to Gym servers with no URL: %s; calls to them will fail until mapped with server_urls",
+            spec.where(),
+            ", ".join(unmapped),
+        )
+    return app
+
+
+def _validate_config(spec: ServerSpec, server_class: type[Any], name: str) -> Any:
+    from pydantic import ValidationError
+
+    config_class = server_class.model_fields["config"].annotation
+    values = {"host": DEFAULT_HOST, "port": 0, **spec.block, "name": name}
+    try:
+        return config_class.model_validate(values)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in e['loc']) or '(block)'}: {e['msg']}" for e in error.errors()
+        )
+        raise FolderError(f"{spec.where()}: not a valid {config_class.__name__}: {problems}") from error

@@ -1,0 +1,55 @@
+"""The errors gymhost raises.
+
+Layered like httpx's: catch ``GymhostError`` for anything gymhost refused, or a narrower class to act on one
+kind of problem. Every message names the path or name involved and what was expected there, so the command
+line can print it as one line and the user can fix it without reading a traceback.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "FolderError",
+    "GymhostError",
+    "NemoGymNotInstalledError",
+    "ServeError",
+    "ServerClassError",
+    "UnmappedServerError",
+    "UpstreamUnavailableError",
+]
+
+
+class GymhostError(Exception):
+    """Base class of every error gymhost raises on purpose."""
+
+
+class NemoGymNotInstalledError(GymhostError, ImportError):
+    """Building or serving a resources server needs nemo-gym, which is an optional extra."""
+
+    def __init__(self, missing: str = "nemo_gym") -> None:
+        super().__init__(
+            f"{missing} is not installed; gymhost needs it to build resources servers: pip install 'gymhost[nemo-gym]'"
+        )
+
+
+class FolderError(GymhostError):
+    """A resources-server folder is not what NeMo Gym's launcher would accept."""
+
+
+class ServerClassError(FolderError):
+    """The entrypoint does not name exactly one resources-server class."""
+
+
+class UnmappedServerError(GymhostError, LookupError):
+    """A resources server called another Gym server that nobody told gymhost where to find.
+
+    Gym's own client would retry such a call forever; failing at once tells the operator which
+    ``--server-url NAME=URL`` is missing.
+    """
+
+
+class UpstreamUnavailableError(GymhostError, ConnectionError):
+    """A mapped Gym server did not accept connections after a few tries."""
+
+
+class ServeError(GymhostError):
+    """A server could not start: the address is taken, or the host cannot be bound."""

@@ -1,0 +1,35 @@
+"""A module-level ``app`` for ASGI servers that import apps by name.
+
+``GYMHOST_FOLDER=path/to/folder uvicorn gymhost.asgi:app`` (or ``hypercorn gymhost.asgi:app``). The
+repository's top-level ``asgi.py`` re-exports this, for ``uvicorn asgi:app`` from a checkout.
+
+A missing or wrong folder ends the process with one line on stderr (``SystemExit``): the ASGI server is
+importing this module, and a traceback through its importer would bury the message.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ._app import create_app
+from ._exceptions import GymhostError
+
+__all__ = ["ENV_VAR", "app"]
+
+ENV_VAR = "GYMHOST_FOLDER"
+
+
+def _app_from_environment() -> object:
+    folder = os.environ.get(ENV_VAR, "").strip()
+    if not folder:
+        raise SystemExit(
+            f"gymhost: {ENV_VAR} is not set; set it to a resources-server folder, "
+            f"e.g. {ENV_VAR}=path/to/resources_servers/my_server uvicorn asgi:app"
+        )
+    try:
+        return create_app(folder)
+    except GymhostError as error:
+        raise SystemExit(f"gymhost: {ENV_VAR}={folder}: {error}") from None
+
+
+app = _app_from_environment()

@@ -1,0 +1,121 @@
+"""Real server processes for tests: start, wait until they answer, stop with SIGTERM, keep their output."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+URL_LINE = re.compile(r"gymhost: serving \S+ at (http://\S+)")
+START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 20.0
+
+
+@dataclass
+class ServerProcess:
+    process: subprocess.Popen[str]
+    url: str = ""
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self) -> int:
+        """SIGTERM, as a supervisor would; a server that ignores it is killed and the test fails."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+                raise AssertionError(f"server ignored SIGTERM for {STOP_TIMEOUT_S}s:\n{self.output}") from None
+        return self.process.returncode
+
+
+def assert_stopped_cleanly(server: ServerProcess) -> None:
+    """Exit 0, or death by the SIGTERM we sent after a complete shutdown (uvicorn re-raises the signal it
+    caught, so its exit status is -SIGTERM even when the lifespan shut down cleanly)."""
+    assert server.process.returncode in (0, -signal.SIGTERM), server.output
+    assert "Traceback" not in server.output, server.output
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def gymhost_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gymhost", *args]
+
+
+def run_to_completion(
+    command: Sequence[str], *, cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(command), capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False)
+
+
+@contextmanager
+def serving(
+    command: Sequence[str],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    url: str | None = None,
+) -> Iterator[ServerProcess]:
+    """Run ``command`` until the server answers ``GET /``; its URL is ``url`` or the one gymhost prints."""
+    process = subprocess.Popen(
+        list(command),
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    server = ServerProcess(process, url or "")
+    reader = threading.Thread(target=_collect, args=(server,), daemon=True)
+    reader.start()
+    try:
+        _wait_until_ready(server)
+        yield server
+    finally:
+        server.stop()
+        reader.join(5)
+
+
+def _collect(server: ServerProcess) -> None:
+    assert server.process.stdout is not None
+    for line in server.process.stdout:
+        server.lines.append(line)
+        match = URL_LINE.search(line)
+        if match and not server.url:
+            server.url = match.group(1)
+
+
+def _wait_until_ready(server: ServerProcess) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise AssertionError(f"server exited with {server.process.returncode} before serving:\n{server.output}")
+        if server.url:
+            try:
+                if httpx.get(f"{server.url}/", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+        time.sleep(0.1)
+    raise AssertionError(f"server did not answer within {START_TIMEOUT_S}s:\n{server.output}")

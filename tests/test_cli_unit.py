@@ -1,0 +1,78 @@
+"""What a user sees with the base install only: no nemo-gym, no omegaconf."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+import gymhost
+from gymhost.cli import main
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.unit
+
+
+def test_public_api_imports_without_nemo_gym(without_nemo_gym: None) -> None:
+    assert set(gymhost.__all__) <= set(dir(gymhost))
+    assert callable(gymhost.create_app)
+
+
+def test_help_lists_the_commands() -> None:
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0
+    assert "serve" in result.output
+
+
+def test_python_dash_m_runs_the_same_cli() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gymhost", "serve", "--help"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    help_text = " ".join(result.stdout.split())  # click wraps option help
+    assert "--server-url NAME=URL" in help_text
+    assert "The server checks no token" in help_text
+    assert "[default: 127.0.0.1]" in help_text
+
+
+def test_serve_without_nemo_gym_prints_the_install_hint(without_nemo_gym: None, tmp_path: object) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gymhost", "serve", str(tmp_path), "--port", "0"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "Error: nemo_gym is not installed; gymhost needs it to build resources servers: pip install 'gymhost[nemo-gym]'"
+    ]
+    assert "Traceback" not in result.stderr
+
+
+def test_create_app_without_nemo_gym_raises_the_install_hint(without_nemo_gym: None) -> None:
+    with pytest.raises(gymhost.NemoGymNotInstalledError, match=r"pip install 'gymhost\[nemo-gym\]'"):
+        gymhost.create_app(REPO)
+
+
+def test_server_url_must_be_name_equals_url() -> None:
+    result = CliRunner().invoke(main, ["serve", ".", "--server-url", "judge"])
+    assert result.exit_code == 2
+    assert "expected NAME=VALUE, got 'judge'" in result.output
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_asgi_module_without_folder_variable_exits_with_one_line(value: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", "import asgi"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+        env={"GYMHOST_FOLDER": value, "PATH": ""},
+    )
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("gymhost: GYMHOST_FOLDER is not set; set it to a resources-server folder")
+    assert "Traceback" not in result.stderr
