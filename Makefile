@@ -22,7 +22,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test lint typecheck test-unit test-gym04 test-gym07 demo bench clean check-pythons
+.PHONY: test lint typecheck test-unit test-gym04 test-gym07 demo clean check-pythons
 
 check-pythons:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -64,9 +64,6 @@ test: lint typecheck test-unit test-gym04 test-gym07
 
 demo: .venv-gym04/.installed
 	.venv-gym04/bin/python examples/demo.py
-
-bench: .venv-gym07/.installed
-	.venv-gym07/bin/python benchmarks/run.py
 
 clean:
 	rm -rf .venv .venv-gym04 .venv-gym07 .pytest_cache .mypy_cache .ruff_cache
