@@ -1,5 +1,5 @@
 # make test: bootstrap every venv this project needs, then ruff, mypy and every test tier.
-# make demo: serve a resources server, play its rows with a verifiers-like client, print the rewards, stop.
+# make demo: write the gridsim bundle as a Gym server, serve it, play its rows like verifiers, print rewards, stop.
 #
 # Three venvs, because the tiers cannot share one:
 #   .venv        Python 3.12, gymhost without nemo-gym or omegaconf: proves the base install works alone.
@@ -22,7 +22,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test lint typecheck test-unit test-gym04 test-gym07 demo clean check-pythons
+.PHONY: test lint typecheck test-unit test-gym04 test-gym07 demo schema clean check-pythons
 
 check-pythons:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -61,6 +61,11 @@ test-gym07: .venv-gym07/.installed
 	.venv-gym07/bin/pytest -m nemo_gym
 
 test: lint typecheck test-unit test-gym04 test-gym07
+
+# The task format's JSON Schema is generated from its models; a unit test keeps the committed file current.
+schema: .venv/.installed
+	.venv/bin/python -c 'import json, gymhost.agentenv as a; print(json.dumps(a.task_schema(), indent=2))' \
+		> src/gymhost/agentenv/task.schema.json
 
 demo: .venv-gym04/.installed
 	.venv-gym04/bin/python examples/demo.py

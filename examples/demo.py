@@ -1,19 +1,22 @@
-"""`make demo`: serve a resources server nemo-gym ships, play its example rows like verifiers, print rewards.
+"""`make demo`: an agent environment, written as a Gym resources server, served, and played like verifiers plays it.
 
-It starts `gymhost serve` as its own process on a free loopback port, plays every row of the example data of
-`example_session_state_mgmt` (a stateful counter: seed it, add to it, read it back, get verified), and stops the
-server again.
+1. `gymhost write examples/gridsim_v1 ROOT` writes ROOT/resources_servers/gridsim_v1/ (a temporary ROOT).
+2. `gymhost serve` runs it as its own process on a free loopback port (four gridsim instances behind it).
+3. Every eval row is played the way verifiers' NeMo Gym taskset does (a new connection per call, the cookies of
+   /seed_session sent with every later call), by a scripted "model" that follows the task's reference solution,
+   and once more by one that gives up after its first move.
+4. The rewards are printed, and the server is stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -21,63 +24,62 @@ from typing import Any
 import httpx
 
 from gymhost import EpisodeClient
+from gymhost.agentenv import Task, awrite_folder, load_tasks
 
-EXAMPLE = "example_session_state_mgmt"
-
-
-def gym_example_folder(name: str) -> Path:
-    spec = importlib.util.find_spec("resources_servers")
-    for location in spec.submodule_search_locations if spec and spec.submodule_search_locations else []:
-        if (Path(location) / name).is_dir():
-            return Path(location) / name
-    raise SystemExit(f"demo: nemo-gym's {name} folder not found; install gymhost[nemo-gym]")
+BUNDLE = Path(__file__).resolve().parent / "gridsim_v1"
 
 
 def start_server(folder: Path) -> tuple[subprocess.Popen[str], str]:
     command = [sys.executable, "-m", "gymhost", "serve", str(folder), "--port", "0", "--log-level", "warning"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
-    line = process.stdout.readline()
-    match = re.search(r"at (http://\S+)", line)
+    match = re.search(r"at (http://\S+)", process.stdout.readline())
     if not match:
         process.terminate()
-        raise SystemExit(f"demo: the server did not start: {line}")
+        raise SystemExit("demo: the server did not start")
     url = match.group(1)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
-            httpx.get(url, timeout=1)
-            return process, url
+            if httpx.get(url, timeout=1).status_code == 200:
+                return process, url
         except httpx.TransportError:
-            time.sleep(0.1)
+            pass
+        time.sleep(0.1)
     process.terminate()
     raise SystemExit("demo: the server did not answer within 60 s")
 
 
-async def play(url: str, row: dict[str, Any]) -> float:
-    """The counter starts at initial_count; adding the difference makes it expected_count."""
+async def play(url: str, row: dict[str, Any], task: Task, *, give_up: bool) -> tuple[int, dict[str, Any]]:
+    assert task.solution is not None
+    calls = task.solution.tool_calls[:1] if give_up else task.solution.tool_calls
     async with EpisodeClient(url) as episode:
         await episode.seed(row)
-        await episode.call_tool("increment_counter", {"count": row["expected_count"] - row["initial_count"]})
-        count = json.loads((await episode.call_tool("get_counter_value", {})).text)["count"]
-        answer = await episode.verify(row, f"The count is {count}.")
-        return float(answer["reward"])
+        for call in calls:
+            await episode.call_tool(call.name, call.arguments)
+        return len(calls), await episode.verify(row, "" if give_up else task.solution.final_text)
 
 
 async def main() -> None:
-    folder = gym_example_folder(EXAMPLE)
-    rows = [json.loads(line) for line in (folder / "data" / "example.jsonl").read_text().splitlines() if line]
-    process, url = start_server(folder)
-    try:
-        print(f"serving {EXAMPLE} at {url}; playing {len(rows)} rows")
-        rewards = [await play(url, row) for row in rows]
-        for index, (row, reward) in enumerate(zip(rows, rewards, strict=True)):
-            start, target = row["initial_count"], row["expected_count"]
-            print(f"  row {index}: start {start:>3}, target {target:>3} -> reward {reward}")
-        print(f"mean reward {sum(rewards) / len(rewards):.2f}")
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(20)
+    with tempfile.TemporaryDirectory(prefix="gymhost-demo-") as root:
+        written = await awrite_folder(str(BUNDLE), root)
+        print(f"wrote {written.path}")
+        tasks = {task.id: task for task in load_tasks(BUNDLE / "tasks" / "eval.jsonl")}
+        rows = [json.loads(line) for line in (written.path / "data" / "eval.jsonl").read_text().splitlines()]
+        process, url = start_server(written.path)
+        try:
+            print(f"serving {written.name} at {url}; playing {len(rows)} rows\n")
+            print(f"{'task':<20} {'calls':>5} {'reward':>7}   {'gives up':>8} {'reward':>7}")
+            solved = await asyncio.gather(*(play(url, row, tasks[row["task_id"]], give_up=False) for row in rows))
+            gave_up = await asyncio.gather(*(play(url, row, tasks[row["task_id"]], give_up=True) for row in rows))
+            for row, (calls, answer), (short, failed) in zip(rows, solved, gave_up, strict=True):
+                print(f"{row['task_id']:<20} {calls:>5} {answer['reward']:>7.2f}   {short:>8} {failed['reward']:>7.2f}")
+            mean = sum(answer["reward"] for _, answer in solved) / len(solved)
+            masked = sum(answer["mask_sample"] for _, answer in solved + gave_up)
+            print(f"\nmean reward: {mean:.2f} following the reference solutions; masked samples: {masked}")
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(20)
 
 
 if __name__ == "__main__":

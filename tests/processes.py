@@ -75,8 +75,9 @@ def serving(
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
     url: str | None = None,
+    ready_path: str = "/",
 ) -> Iterator[ServerProcess]:
-    """Run ``command`` until the server answers ``GET /``; its URL is ``url`` or the one gymhost prints."""
+    """Run ``command`` until the server answers ``GET ready_path``; its URL is ``url`` or the one gymhost prints."""
     process = subprocess.Popen(
         list(command),
         cwd=cwd,
@@ -90,7 +91,7 @@ def serving(
     reader = threading.Thread(target=_collect, args=(server,), daemon=True)
     reader.start()
     try:
-        _wait_until_ready(server)
+        _wait_until_ready(server, ready_path)
         yield server
     finally:
         server.stop()
@@ -106,14 +107,14 @@ def _collect(server: ServerProcess) -> None:
             server.url = match.group(1)
 
 
-def _wait_until_ready(server: ServerProcess) -> None:
+def _wait_until_ready(server: ServerProcess, ready_path: str) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
             raise AssertionError(f"server exited with {server.process.returncode} before serving:\n{server.output}")
         if server.url:
             try:
-                if httpx.get(f"{server.url}/", timeout=2).status_code == 200:
+                if httpx.get(f"{server.url}{ready_path}", timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass

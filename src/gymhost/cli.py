@@ -40,10 +40,23 @@ def _overrides(values: tuple[str, ...]) -> dict[str, Any]:
     return {str(key): value for key, value in container.items()}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _WriteByDefault(click.Group):
+    """``gymhost SOURCE ROOT`` means ``gymhost write SOURCE ROOT``: a first argument that is not a command (or
+    the group's own --help/--version) is handed to ``write``, options before SOURCE included."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help", "--version"):
+            args = ["write", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=_WriteByDefault, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gymhost")
 def main() -> None:
-    """Host NeMo Gym resources servers as standalone ASGI apps."""
+    """Host NeMo Gym resources servers as standalone ASGI apps, and write agent environments as Gym servers.
+
+    A first argument that is not a command runs `write`: `gymhost SOURCE ROOT`.
+    """
 
 
 @main.command()
@@ -102,3 +115,65 @@ def serve(
             sock.close()
     except GymhostError as error:
         raise click.ClickException(str(error)) from None
+
+
+@main.command()
+@click.argument("source")
+@click.argument("root", type=click.Path(file_okay=False, path_type=str))
+@click.option("--name", default=None, help="Folder and server name (default: the bundle's folder name or the card's).")
+@click.option("--split", default=None, help="Only this split's tasks (bundle), or the split name for --tasks.")
+@click.option("--tasks", "tasks_file", type=click.Path(dir_okay=False, path_type=str), help="Tasks of a URL source.")
+@click.option("--url", "urls", multiple=True, metavar="URL", help="Another instance of a URL source. Repeatable.")
+@click.option(
+    "--instances", default=4, show_default=True, type=click.IntRange(1), help="Loopback instances of a bundle."
+)
+@click.option("--force", is_flag=True, help="Replace the folder if it exists.")
+def write(
+    source: str,
+    root: str,
+    name: str | None,
+    split: str | None,
+    tasks_file: str | None,
+    urls: tuple[str, ...],
+    instances: int,
+    force: bool,
+) -> None:
+    """Write ROOT/resources_servers/<name>/ for the agent environment at SOURCE.
+
+    SOURCE is a bundle folder (env.py and tasks/<split>.jsonl) or the URL of a running agentenv environment
+    (with --tasks FILE).
+    """
+    from .agentenv import write_folder
+
+    try:
+        written = write_folder(
+            source, root, name=name, split=split, tasks_file=tasks_file, urls=urls, instances=instances, force=force
+        )
+    except GymhostError as error:
+        raise click.ClickException(str(error)) from None
+    rows = ", ".join(f"data/{split_name}.jsonl: {count} rows" for split_name, count in written.rows.items())
+    tools = ", ".join(tool["name"] for tool in written.source.tools)
+    click.echo(f"gymhost: wrote {written.path} (environment {written.source.environment!r}; tools {tools}; {rows})")
+
+
+@main.command()
+@click.argument("folder", type=click.Path(path_type=str))
+def check(folder: str) -> None:
+    """Play every row of a written FOLDER with its reference solution and with an empty attempt.
+
+    Exits non-zero when a reference solution does not score 1.0 or an empty attempt does.
+    """
+    from ._nemo_gym import require_nemo_gym
+
+    try:
+        require_nemo_gym()
+        from .agentenv._check import check_folder, format_report
+
+        checks = check_folder(folder)
+    except GymhostError as error:
+        raise click.ClickException(str(error)) from None
+    click.echo(format_report(checks))
+    failed = [c for c in checks if c.problems]
+    if failed:
+        raise click.ClickException(f"{len(failed)} of {len(checks)} rows failed the check")
+    click.echo(f"all {len(checks)} rows pass: every reference solution scores 1.0 and no empty attempt does")

@@ -1,0 +1,124 @@
+"""``gymhost check``: play every row of a written folder through its server, with the task's reference solution
+and with an empty attempt, and say whether the grading holds up.
+
+A task is sound when its reference solution scores 1.0 (unmasked) and doing nothing does not. The server runs
+in-process (its real app and lifespan, the real environment instances) and every row is played through its HTTP
+endpoints with the same client the demo and tests use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .._app import create_app
+from .._episode import EpisodeClient
+from .._exceptions import GymhostError
+
+__all__ = ["CheckError", "RowCheck", "check_folder", "format_report"]
+
+_BASE_URL = "http://gymhost.check"
+
+
+class CheckError(GymhostError):
+    """The folder is not one ``gymhost write`` produced, or has no rows."""
+
+
+@dataclass(frozen=True)
+class RowCheck:
+    split: str
+    task_id: str
+    reference: dict[str, Any] | None  # the verify answer, or None when the task has no reference solution
+    empty: dict[str, Any]
+
+    @property
+    def problems(self) -> list[str]:
+        found = []
+        if self.reference is None:
+            pass
+        elif self.reference.get("mask_sample"):
+            found.append(
+                f"reference masked: {self.reference.get('failure_kind')}: {self.reference.get('failure_reason')}"
+            )
+        elif self.reference["reward"] != 1.0:
+            failed = [c["detail"] for c in self.reference.get("criteria", []) if c["score"] < 1.0]
+            found.append(f"reference scored {self.reference['reward']:g}: {'; '.join(failed)}")
+        if self.empty.get("mask_sample"):
+            found.append(f"empty attempt masked: {self.empty.get('failure_kind')}: {self.empty.get('failure_reason')}")
+        elif self.empty["reward"] >= 1.0:
+            found.append("an empty attempt scored 1.0: the grading does not need the task to be done")
+        return found
+
+
+def check_folder(folder: str | Path) -> list[RowCheck]:
+    return asyncio.run(_check(Path(folder)))
+
+
+async def _check(folder: Path) -> list[RowCheck]:
+    from ._server import AgentEnvResourcesServer
+
+    app = create_app(folder)
+    server = app.state.gymhost.server
+    if not isinstance(server, AgentEnvResourcesServer):
+        raise CheckError(f"{folder}: its server is {type(server).__name__}, not one `gymhost write` wrote")
+    rows = [
+        (path.stem, json.loads(line))
+        for path in sorted((folder / "data").glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+    if not rows:
+        raise CheckError(f"{folder / 'data'}: no rows to play")
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        runtime = server._running()
+        limit = asyncio.Semaphore(len(runtime.pool.instances))
+
+        async def check_row(split: str, row: dict[str, Any]) -> RowCheck:
+            _, task = runtime.find_task(row.get("split") or split, row["task_id"])
+            async with limit:
+                reference = None
+                if task.solution is not None:
+                    calls = [(call.name, call.arguments) for call in task.solution.tool_calls]
+                    reference = await _play(transport, row, calls, task.solution.final_text)
+                empty = await _play(transport, row, [], "")
+            return RowCheck(split, task.id, reference, empty)
+
+        return list(await asyncio.gather(*(check_row(split, row) for split, row in rows)))
+
+
+async def _play(
+    transport: httpx.AsyncBaseTransport, row: dict[str, Any], calls: list[tuple[str, dict[str, Any]]], final_text: str
+) -> dict[str, Any]:
+    async with EpisodeClient(_BASE_URL, transport=transport) as episode:
+        await episode.seed(row)
+        for name, arguments in calls:
+            await episode.call_tool(name, arguments)
+        return await episode.verify(row, final_text)
+
+
+def format_report(checks: list[RowCheck]) -> str:
+    """A table: one line per row, then the problems, if any."""
+    width = max([len(f"{c.split}:{c.task_id}") for c in checks] + [4])
+    lines = [f"{'task':<{width}}  reference  empty  result", f"{'-' * width}  ---------  -----  ------"]
+    for check in checks:
+        reference = "-" if check.reference is None else _reward(check.reference)
+        result = "ok" if not check.problems else "FAIL"
+        lines.append(
+            f"{check.split + ':' + check.task_id:<{width}}  {reference:>9}  {_reward(check.empty):>5}  {result}"
+        )
+    for check in checks:
+        lines += [f"{check.split}:{check.task_id}: {problem}" for problem in check.problems]
+    missing = [f"{c.split}:{c.task_id}" for c in checks if c.reference is None]
+    if missing:
+        lines.append(f"no reference solution (not checked): {', '.join(missing)}")
+    return "\n".join(lines)
+
+
+def _reward(answer: dict[str, Any]) -> str:
+    return "masked" if answer.get("mask_sample") else f"{answer['reward']:.2f}"

@@ -1,0 +1,266 @@
+"""The pool of environment instances a written server plays episodes on.
+
+An agentenv environment keeps its state per process, and its data plane takes no session id, so one instance hosts
+one episode at a time. The pool leases instances to episodes, resets them on release, and repairs the ones that
+broke: a bundle instance whose process died is started again; an instance at a URL is probed until its card
+answers again. Until then it is out of rotation, so one dead instance costs capacity, not correctness.
+
+Where instances come from is a ``Launcher``: processes started from a bundle, or URLs of instances someone else
+runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from .._exceptions import GymhostError
+from ._env_client import DataPlaneError, EnvClient, EnvUnavailableError
+
+__all__ = ["ENTRY", "READY", "BundleLauncher", "Instance", "Pool", "PoolExhaustedError", "StartupError", "UrlLauncher"]
+
+logger = logging.getLogger("gymhost.agentenv")
+
+ENTRY = "env.py"  # a bundle's environment module
+READY = "gymhost-env-ready"  # the first line ``_runner`` prints: READY <port>
+_STOP_GRACE_S = 5.0
+_PROBE_INTERVAL_S = 1.0
+
+
+class StartupError(GymhostError):
+    """The pool could not bring its instances up, or they disagree about what environment they are."""
+
+
+class PoolExhaustedError(GymhostError):
+    """No instance became free within the lease timeout."""
+
+
+@dataclass(eq=False)
+class Instance:
+    index: int
+    client: EnvClient
+    process: asyncio.subprocess.Process | None = None
+    leased: bool = False
+    healthy: bool = True
+    episodes: int = 0
+
+    @property
+    def base_url(self) -> str:
+        return self.client.base_url
+
+    def status(self) -> dict[str, Any]:
+        state = "leased" if self.leased else ("free" if self.healthy else "repairing")
+        pid = self.process.pid if self.process is not None else None
+        return {"index": self.index, "url": self.base_url, "state": state, "episodes": self.episodes, "pid": pid}
+
+
+class Launcher(Protocol):
+    """Brings instance ``index`` up (again) and takes it down."""
+
+    description: str
+
+    async def launch(self, index: int, data_timeout: float) -> Instance: ...
+
+    async def stop(self, instance: Instance) -> None: ...
+
+
+class UrlLauncher:
+    """Instances someone else runs; gymhost only talks to them."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.urls = [url.rstrip("/") for url in urls]
+        self.description = f"{len(self.urls)} environment URL(s)"
+
+    async def launch(self, index: int, data_timeout: float) -> Instance:
+        return Instance(index, EnvClient(self.urls[index], data_timeout=data_timeout))
+
+    async def stop(self, instance: Instance) -> None:
+        await instance.client.aclose()
+
+
+class BundleLauncher:
+    """One loopback process per instance, running the bundle's environment through ``_runner``."""
+
+    def __init__(self, bundle: Path, startup_timeout: float) -> None:
+        self.bundle = bundle
+        self.startup_timeout = startup_timeout
+        self.description = f"bundle {bundle}"
+
+    async def launch(self, index: int, data_timeout: float) -> Instance:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gymhost.agentenv._runner",
+            str(self.bundle),
+            stdin=asyncio.subprocess.PIPE,  # the death pipe: never written, closed when this process goes
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert process.stdout is not None
+        try:
+            line = await asyncio.wait_for(process.stdout.readline(), self.startup_timeout)
+        except TimeoutError:
+            await _terminate(process)
+            raise StartupError(
+                f"{self.bundle}/env.py: instance {index} did not start within {self.startup_timeout:g}s"
+            ) from None
+        words = line.decode(errors="replace").split()
+        if len(words) != 2 or words[0] != READY:
+            await _terminate(process)
+            raise StartupError(
+                f"{self.bundle}/env.py: instance {index} exited with status {process.returncode} before serving "
+                "(its error output is above)"
+            )
+        return Instance(index, EnvClient(f"http://127.0.0.1:{words[1]}", data_timeout=data_timeout), process)
+
+    async def stop(self, instance: Instance) -> None:
+        await instance.client.aclose()
+        if instance.process is not None:
+            await _terminate(instance.process)
+
+
+async def _terminate(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), _STOP_GRACE_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+    if process.stdin is not None:
+        process.stdin.close()
+
+
+@dataclass
+class Pool:
+    launcher: Launcher
+    size: int
+    lease_timeout: float = 60.0
+    data_timeout: float = 30.0
+    startup_timeout: float = 60.0
+    instances: list[Instance] = field(default_factory=list)
+    card: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._free: asyncio.Queue[Instance] = asyncio.Queue()
+        self._repairs: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    async def start(self) -> dict[str, Any]:
+        """Bring every instance up and check their cards agree; answers the card."""
+        results = await asyncio.gather(*(self._bring_up(index) for index in range(self.size)), return_exceptions=True)
+        self.instances = [result for result in results if isinstance(result, Instance)]
+        failures = [result for result in results if isinstance(result, BaseException)]
+        if failures:
+            await self.stop()
+            raise failures[0] if isinstance(failures[0], GymhostError) else StartupError(repr(failures[0]))
+        cards = await asyncio.gather(*(instance.client.card() for instance in self.instances))
+        names = {card["name"] for card in cards}
+        tools = {tuple(sorted(tool.get("name", "") for tool in _card_tools(card))) for card in cards}
+        if len(names) > 1 or len(tools) > 1:
+            await self.stop()
+            raise StartupError(
+                f"{self.launcher.description}: the instances are not the same environment "
+                f"(names {sorted(names)}, tool sets {sorted(tools)})"
+            )
+        self.card = cards[0]
+        for instance in self.instances:
+            self._free.put_nowait(instance)
+        return self.card
+
+    async def lease(self) -> Instance:
+        try:
+            instance = await asyncio.wait_for(self._free.get(), self.lease_timeout)
+        except TimeoutError:
+            raise PoolExhaustedError(
+                f"no environment instance became free within {self.lease_timeout:g}s "
+                f"(all {self.size} are in episodes or being repaired)"
+            ) from None
+        instance.leased = True
+        instance.episodes += 1
+        return instance
+
+    async def release(self, instance: Instance, *, healthy: bool) -> None:
+        """Reset the instance and make it free again; one that failed or will not reset goes to repair."""
+        instance.leased = False
+        if healthy and not self._stopping:
+            try:
+                await instance.client.reset()
+            except (EnvUnavailableError, DataPlaneError) as error:
+                logger.warning("environment instance %s did not reset after its episode: %s", instance.index, error)
+            else:
+                self._free.put_nowait(instance)
+                return
+        instance.healthy = False
+        if not self._stopping:
+            repair = asyncio.create_task(self._repair(instance), name=f"repair-instance-{instance.index}")
+            self._repairs.add(repair)
+            repair.add_done_callback(self._repairs.discard)
+
+    def status(self) -> list[dict[str, Any]]:
+        return [instance.status() for instance in self.instances]
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for repair in list(self._repairs):
+            repair.cancel()
+        await asyncio.gather(*self._repairs, return_exceptions=True)
+        await asyncio.gather(*(self.launcher.stop(instance) for instance in self.instances), return_exceptions=True)
+
+    async def _bring_up(self, index: int) -> Instance:
+        instance = await self.launcher.launch(index, self.data_timeout)
+        try:
+            await self._wait_for_card(instance, self.startup_timeout)
+        except BaseException:
+            await self.launcher.stop(instance)
+            raise
+        return instance
+
+    async def _wait_for_card(self, instance: Instance, timeout: float) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                await instance.client.card()
+                return
+            except (EnvUnavailableError, DataPlaneError) as error:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise StartupError(
+                        f"environment instance {instance.index}: its card did not answer: {error}"
+                    ) from None
+                await asyncio.sleep(0.05)
+
+    async def _repair(self, broken: Instance) -> None:
+        """Bring the instance back: a new process for a bundle, a probe until the card answers for a URL."""
+        while not self._stopping:
+            try:
+                if broken.process is not None:
+                    await self.launcher.stop(broken)
+                    fresh = await self._bring_up(broken.index)
+                    fresh.episodes = broken.episodes
+                    self.instances[self.instances.index(broken)] = fresh
+                    broken = fresh
+                else:
+                    await broken.client.card()
+                await broken.client.reset()
+            except (GymhostError, OSError) as error:
+                logger.warning("environment instance %s is still down: %s", broken.index, error)
+                await asyncio.sleep(_PROBE_INTERVAL_S)
+                continue
+            broken.healthy = True
+            logger.info("environment instance %s is back", broken.index)
+            self._free.put_nowait(broken)
+            return
+
+
+def _card_tools(card: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((card.get("capabilities") or {}).get("tools") or [])

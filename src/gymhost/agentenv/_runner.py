@@ -1,0 +1,83 @@
+"""Serve one instance of a bundle's environment on loopback: ``python -m gymhost.agentenv._runner BUNDLE``.
+
+The pool starts one of these per instance. The runner binds 127.0.0.1 port 0 itself and prints
+``gymhost-env-ready <port>`` as its first stdout line, so the parent learns the port without the race of picking a
+"free" port for someone else to bind. After that line, stdout is pointed at stderr: nobody reads the pipe any more.
+
+It exits when its stdin reaches end of file. The parent holds the other end and never writes, so when the parent
+dies, by any signal, the instance follows: no environment process outlives the server that started it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import logging
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from ._pool import ENTRY, READY
+
+
+def load_environment_class(bundle: Path) -> type[Any]:
+    """The one concrete ``AgentEnvEnvironment`` subclass ``bundle/env.py`` defines."""
+    from agentenv_protocol import AgentEnvEnvironment
+
+    entry = bundle / ENTRY
+    if str(bundle) not in sys.path:
+        sys.path.insert(0, str(bundle))
+    spec = importlib.util.spec_from_file_location("gymhost_bundle_env", entry)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{entry}: not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    found = [
+        value
+        for value in vars(module).values()
+        if inspect.isclass(value)
+        and issubclass(value, AgentEnvEnvironment)
+        and value is not AgentEnvEnvironment
+        and value.__module__ == module.__name__
+        and not inspect.isabstract(value)
+    ]
+    if len(found) != 1:
+        names = ", ".join(sorted(cls.__name__ for cls in found)) or "none"
+        raise SystemExit(f"{entry}: expected one AgentEnvEnvironment subclass, found {names}")
+    return found[0]
+
+
+def _exit_when_parent_goes() -> None:
+    try:
+        while sys.stdin.buffer.read(65536):
+            pass
+    finally:
+        os._exit(0)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m gymhost.agentenv._runner BUNDLE_FOLDER")
+    threading.Thread(target=_exit_when_parent_goes, name="parent-watch", daemon=True).start()
+    # FastMCP configures INFO logging of every MCP request unless logging is configured first.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    import uvicorn
+
+    environment = load_environment_class(Path(argv[0]).resolve())()
+    app = environment.create_app().streamable_http_app()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(1024)
+    print(f"{READY} {sock.getsockname()[1]}", flush=True)
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    server.run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

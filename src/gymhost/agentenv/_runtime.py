@@ -1,0 +1,331 @@
+"""Episodes of an agent environment behind Gym's seed / tool / verify calls, independent of nemo-gym.
+
+One ``Episode`` per Gym session: seeding leases an instance, resets it, loads the task's seed data and opens an MCP
+session; tool calls go over that session; verifying grades and then tears the episode down (MCP session closed,
+instance reset and released). The Gym server class only translates HTTP to these calls.
+
+The line this module keeps: a sample is masked (``mask_sample``) only when the infrastructure failed, with a
+``failure_kind`` from nemo-gym's shared vocabulary. A grader that ran and said 0 is a genuine 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from agentenv_protocol import ToolSession, ToolSessionError
+
+from .._exceptions import GymhostError
+from ._catalog import check_tasks, policy_tools
+from ._env_client import DataPlaneError, EnvUnavailableError, ExtensionError
+from ._grading import CriterionResult, evaluate, extension_score, merge_state
+from ._pool import Instance, Pool, PoolExhaustedError, StartupError
+from ._tasks import ExtensionCriterion, StateCriterion, Task
+
+__all__ = [
+    "Episode",
+    "Failure",
+    "Reply",
+    "Runtime",
+    "RuntimeSettings",
+    "SessionConflictError",
+    "UnknownTaskError",
+    "Verdict",
+]
+
+logger = logging.getLogger("gymhost.agentenv")
+
+# failure_kind values: nemo-gym's shared vocabulary (nemo_gym.failure_kinds) where it has a name, else namespaced.
+NO_INSTANCE = "provider_unavailable"
+UNREACHABLE = "transport_unreachable"
+TIMEOUT = "transport_timeout"
+SESSION_LOST = "session_lost"
+SESSION_EXPIRED = "session_expired"
+VERIFIER_ERROR = "verifier_error"
+SHUTDOWN = "shutdown"
+DATA_PLANE_ERROR = "agentenv:data_plane_error"
+
+_REMEMBERED = 65536  # closed session ids and recent verdicts kept, so retries get the same answer
+
+
+class UnknownTaskError(GymhostError, LookupError):
+    """The row names a task this server does not have."""
+
+
+class SessionConflictError(GymhostError):
+    """The session is already seeded with another task or episode, or was closed."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A tool route's answer: the text the model sees, and the HTTP status that tells clients whether it failed."""
+
+    status: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    task_id: str | None
+    reward: float
+    criteria: list[CriterionResult] = field(default_factory=list)
+    failure: Failure | None = None
+
+    @classmethod
+    def masked(cls, task_id: str | None, failure: Failure) -> Verdict:
+        return cls(task_id, 0.0, [], failure)
+
+
+@dataclass(frozen=True)
+class RuntimeSettings:
+    environment: str
+    role: str | None = None
+    tool_timeout: float = 60.0
+    idle_timeout: float = 900.0
+
+
+@dataclass(eq=False)
+class Episode:
+    key: str
+    split: str
+    task: Task
+    identity: Hashable | None = None
+    instance: Instance | None = None
+    tools: ToolSession | None = None
+    failure: Failure | None = None
+    last_used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class Runtime:
+    def __init__(self, pool: Pool, tasks: dict[str, list[Task]], settings: RuntimeSettings) -> None:
+        self.pool = pool
+        self.tasks = tasks
+        self.settings = settings
+        self.card: dict[str, Any] = {}
+        self.tools: list[dict[str, Any]] = []
+        self._episodes: dict[str, Episode] = {}
+        self._closed: OrderedDict[str, None] = OrderedDict()
+        self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
+        self._reaper: asyncio.Task[None] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        card = await self.pool.start()
+        try:
+            if card["name"] != self.settings.environment:
+                raise StartupError(
+                    f"the environment is {card['name']!r}, but this server was written for "
+                    f"{self.settings.environment!r}"
+                )
+            hidden = await self.pool.instances[0].client.hidden_tools(card)
+            self.tools = policy_tools(card, hidden)
+            check_tasks(
+                {f"task split {split!r}": tasks for split, tasks in self.tasks.items()},
+                card,
+                [tool["name"] for tool in self.tools],
+                hidden,
+            )
+        except BaseException:
+            await self.pool.stop()
+            raise
+        self.card = card
+        self._reaper = asyncio.create_task(self._reap_idle(), name="gymhost-episode-reaper")
+
+    async def stop(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for key in list(self._episodes):
+            await self._end(key, Failure(SHUTDOWN, "the server shut down before the episode was verified"))
+        await self.pool.stop()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "environment": self.card.get("name"),
+            "instances": self.pool.status(),
+            "open_episodes": len(self._episodes),
+        }
+
+    # -- episodes -----------------------------------------------------------------------------------------------
+
+    def find_task(self, split: str | None, task_id: str) -> tuple[str, Task]:
+        splits = [split] if split else sorted(self.tasks)
+        found = [(name, task) for name in splits for task in self.tasks.get(name, []) if task.id == task_id]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            where = f"split {split!r}" if split else f"splits {', '.join(sorted(self.tasks))}"
+            raise UnknownTaskError(f"no task {task_id!r} in {where}")
+        raise UnknownTaskError(f"task id {task_id!r} is in several splits; the row must name its split")
+
+    async def seed(self, key: str, split: str | None, task_id: str, identity: Hashable | None = None) -> Episode:
+        """Start the episode for session ``key``. Repeating a seed for the same task and identity is a no-op."""
+        if key in self._closed:
+            raise SessionConflictError(f"session {key} was closed; a new episode needs a new session")
+        split, task = self.find_task(split, task_id)
+        existing = self._episodes.get(key)
+        if existing is not None:
+            if existing.task is task and existing.identity == identity:
+                async with existing.lock:  # a seed still in progress finishes first
+                    if existing.failure is None or existing.instance is not None:
+                        return existing
+                await self._end(key, None)  # the earlier seed failed: this one tries again
+            else:
+                raise SessionConflictError(
+                    f"session {key} is already seeded with task {existing.task.id!r}"
+                    + (" and another episode" if existing.identity != identity else "")
+                )
+        episode = Episode(key, split, task, identity)
+        self._episodes[key] = episode
+        self._verdicts.pop(key, None)
+        async with episode.lock:
+            try:
+                episode.instance = await self.pool.lease()
+                client = episode.instance.client
+                await client.reset()
+                if task.seed.parts:
+                    await client.add([part.model_dump(mode="json", exclude_none=True) for part in task.seed.parts])
+                episode.tools = await client.tool_session(
+                    self.card, role=self.settings.role, timeout=self.settings.tool_timeout
+                ).open()
+            except Exception as error:
+                episode.failure = _failure(error, stage="seed")
+                logger.warning("seeding task %r failed: %s", task.id, episode.failure.reason)
+                await self._release(episode)
+        return episode
+
+    async def call_tool(self, key: str, name: str, arguments: dict[str, Any]) -> Reply:
+        episode = self._episodes.get(key)
+        if episode is None:
+            return Reply(409, "no episode for this session: call /seed_session first, and send its cookies")
+        episode.last_used = time.monotonic()
+        if episode.failure is not None or episode.tools is None:
+            reason = episode.failure.reason if episode.failure else "the episode is still being seeded"
+            return Reply(503, f"the environment is unavailable: {reason}")
+        try:
+            result = await episode.tools.call_tool(name, arguments)
+        except Exception as error:
+            episode.failure = _failure(error, stage=f"tool {name}")
+            logger.warning("tool call %s failed: %s", name, episode.failure.reason)
+            return Reply(503, f"the environment is unavailable: {episode.failure.reason}")
+        return Reply(400 if result.isError else 200, result.text)
+
+    async def verify(self, key: str, final_text: str) -> Verdict:
+        """Grade the episode, then tear it down. A repeated verify answers the first verdict again."""
+        episode = self._episodes.get(key)
+        if episode is None:
+            remembered = self._verdicts.get(key)
+            if remembered is not None:
+                return remembered
+            return Verdict.masked(
+                None,
+                Failure(SESSION_LOST, "no episode for this session: it was never seeded, or was closed or expired"),
+            )
+        async with episode.lock:
+            if episode.failure is not None:
+                verdict = Verdict.masked(episode.task.id, episode.failure)
+            else:
+                verdict = await self._grade(episode, final_text)
+        await self._end(key, verdict.failure)
+        self._remember(self._verdicts, key, verdict)
+        return verdict
+
+    async def close(self, key: str) -> None:
+        """End the session's episode without grading it; later seeds on the same session are refused."""
+        if key in self._episodes:
+            await self._end(key, None)
+        self._remember(self._closed, key, None)
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    async def _grade(self, episode: Episode, final_text: str) -> Verdict:
+        assert episode.instance is not None
+        client = episode.instance.client
+        grading = episode.task.grading
+        try:
+            state = None
+            if any(isinstance(criterion, StateCriterion) for criterion in grading.criteria):
+                state = merge_state(await client.get())
+            scores: dict[int, float] = {}
+            for index, criterion in enumerate(grading.criteria):
+                if isinstance(criterion, ExtensionCriterion):
+                    answer = await client.call_extension(self.card, criterion.uri, criterion.method, criterion.params)
+                    scores[index] = extension_score(criterion, answer)
+        except Exception as error:
+            episode.failure = _failure(error, stage="grading")
+            return Verdict.masked(episode.task.id, episode.failure)
+        outcome = evaluate(grading, state=state, extension_scores=scores, final_text=final_text)
+        return Verdict(episode.task.id, outcome.reward, outcome.results)
+
+    async def _end(self, key: str, failure: Failure | None) -> None:
+        episode = self._episodes.pop(key, None)
+        if episode is None:
+            return
+        if failure is not None and episode.failure is None:
+            episode.failure = failure
+        if episode.tools is not None:
+            with contextlib.suppress(Exception):
+                await episode.tools.close()
+            episode.tools = None
+        await self._release(episode)
+
+    async def _release(self, episode: Episode) -> None:
+        instance, episode.instance = episode.instance, None
+        if instance is None:
+            return
+        broken = episode.failure is not None and episode.failure.kind in {UNREACHABLE, TIMEOUT, SESSION_LOST}
+        await self.pool.release(instance, healthy=not broken)
+
+    async def _reap_idle(self) -> None:
+        """End episodes nobody touched for ``idle_timeout``: a trainer that died mid-episode must not hold an
+        instance forever. A late verify of such an episode is answered masked (``session_expired``)."""
+        interval = max(1.0, min(30.0, self.settings.idle_timeout / 4))
+        while True:
+            await asyncio.sleep(interval)
+            cutoff = time.monotonic() - self.settings.idle_timeout
+            for key, episode in list(self._episodes.items()):
+                if episode.last_used < cutoff and not episode.lock.locked():
+                    failure = Failure(SESSION_EXPIRED, f"no call for {self.settings.idle_timeout:g}s")
+                    await self._end(key, failure)
+                    self._remember(self._verdicts, key, Verdict.masked(episode.task.id, failure))
+
+    @staticmethod
+    def _remember(store: OrderedDict[str, Any], key: str, value: Any) -> None:
+        store[key] = value
+        store.move_to_end(key)
+        while len(store) > _REMEMBERED:
+            store.popitem(last=False)
+
+
+def _failure(error: BaseException, *, stage: str) -> Failure:
+    """Name an infrastructure failure in nemo-gym's vocabulary."""
+    reason = f"{stage}: {error}"
+    if isinstance(error, PoolExhaustedError):
+        return Failure(NO_INSTANCE, reason)
+    if isinstance(error, TimeoutError | httpx.TimeoutException):
+        return Failure(TIMEOUT, reason)
+    if isinstance(error, EnvUnavailableError | httpx.TransportError):
+        return Failure(UNREACHABLE, reason)
+    if isinstance(error, ToolSessionError):
+        return Failure(SESSION_LOST, reason)
+    if isinstance(error, DataPlaneError):
+        return Failure(DATA_PLANE_ERROR, reason)
+    if isinstance(error, ExtensionError | ValueError):
+        return Failure(VERIFIER_ERROR, reason)
+    return Failure(VERIFIER_ERROR if stage == "grading" else UNREACHABLE, f"{stage}: {error!r}")

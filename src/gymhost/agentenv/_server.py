@@ -1,0 +1,285 @@
+"""``AgentEnvResourcesServer``: a NeMo Gym resources server in front of an agentenv environment.
+
+A written folder's ``app.py`` subclasses it (to say where the folder is) and Gym's launcher, ``gymhost serve`` or
+``create_app`` runs it like any resources server. This module is the Gym-facing glue only: it turns
+``/seed_session``, ``POST /<tool>``, ``/verify`` and ``/close_session`` into calls on the ``Runtime`` and the
+runtime's answers into Gym's response models. It serves both session flows: the cookie flow verifiers and Gym's
+agents use, and nemo-gym 0.7.0's ``resources_session_id`` flow, where the caller names the session.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from nemo_gym import base_resources_server as gym
+from nemo_gym.server_utils import SESSION_ID_KEY
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from .._exceptions import FolderError
+from ._pool import BundleLauncher, Launcher, Pool, UrlLauncher
+from ._runtime import Runtime, RuntimeSettings, SessionConflictError, UnknownTaskError, Verdict
+from ._tasks import Task, load_task_folder
+
+__all__ = ["AgentEnvResourcesServer", "AgentEnvResourcesServerConfig", "SourceConfig"]
+
+# nemo-gym 0.5+ has the Environment Server session contract; 0.4.0 knows only the cookie flow.
+_RESOURCES_FLOW = hasattr(gym, "ResourcesSeedSessionRequest")
+
+
+class SourceConfig(BaseModel):
+    """Where the environment instances come from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["bundle", "urls"]
+    path: str | None = Field(default=None, description="bundle: its folder, relative to the server folder")
+    instances: int = Field(default=4, ge=1, description="bundle: how many loopback instances (= concurrent episodes)")
+    urls: list[str] = Field(default_factory=list, description="urls: one base URL per independent instance")
+
+
+class AgentEnvResourcesServerConfig(gym.BaseResourcesServerConfig):  # type: ignore[misc]
+    environment: str = Field(description="The environment card's name; startup refuses any other environment.")
+    source: SourceConfig
+    tasks: str = Field(default="tasks", description="Folder of <split>.jsonl task files, relative to the server folder")
+    role: str | None = Field(default=None, description="AgentEnv-Role header for tool calls")
+    lease_timeout_s: float = Field(default=60.0, gt=0)
+    tool_timeout_s: float = Field(default=60.0, gt=0)
+    data_timeout_s: float = Field(default=30.0, gt=0)
+    startup_timeout_s: float = Field(default=60.0, gt=0)
+    idle_timeout_s: float = Field(default=900.0, gt=0)
+
+
+class AgentEnvSeedRequest(gym.BaseSeedSessionRequest):  # type: ignore[misc]
+    model_config = ConfigDict(extra="allow")
+
+    task_id: str
+    split: str | None = None
+
+
+class AgentEnvVerifyRequest(gym.BaseVerifyRequest):  # type: ignore[misc]
+    model_config = ConfigDict(extra="allow")
+
+    task_id: str | None = None
+
+
+class AgentEnvCloseRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class CriterionScore(BaseModel):
+    id: str
+    kind: str
+    score: float
+    detail: str
+
+
+class AgentEnvVerifyResponse(gym.BaseVerifyResponse):  # type: ignore[misc]
+    model_config = ConfigDict(extra="allow")
+
+    # Declared here too because nemo-gym 0.4.0's BaseVerifyResponse has only `reward`.
+    mask_sample: bool = False
+    failure_kind: str | None = None
+    failure_reason: str | None = None
+    criteria: list[CriterionScore] = Field(default_factory=list)
+
+
+if _RESOURCES_FLOW:
+    SeedBody: Any = gym.ResourcesSeedSessionRequest | AgentEnvSeedRequest
+    CloseBody: Any = gym.ResourcesCloseSessionRequest | AgentEnvCloseRequest
+else:
+    SeedBody = AgentEnvSeedRequest
+    CloseBody = AgentEnvCloseRequest
+
+
+class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
+    """Serves an agentenv environment's tasks as a Gym resources server.
+
+    Subclass it in the folder's ``app.py`` with ``folder = Path(__file__).resolve().parent``; relative paths in
+    the config (bundle, tasks) are resolved against it (against the working directory when unset, which is
+    where Gym's launcher starts a server).
+    """
+
+    config: AgentEnvResourcesServerConfig
+    folder: ClassVar[Path | None] = None
+    ray_enabled: ClassVar[bool] = False
+
+    _runtime: Runtime | None = PrivateAttr(default=None)
+    _tasks: dict[str, list[Task]] = PrivateAttr(default_factory=dict)
+
+    def setup_webserver(self) -> FastAPI:
+        # Files first, so a folder with a broken task or a missing bundle fails before anything starts.
+        self._tasks = load_task_folder(self._path(self.config.tasks, "tasks"))
+        launcher = self._launcher()
+        app: FastAPI = super().setup_webserver()
+        if not _RESOURCES_FLOW:
+            app.post("/close_session")(self.close_resources_session)
+        app.get("/agentenv/pool", summary="The environment instances and open episodes")(self.pool_status)
+
+        inner = app.router.lifespan_context
+
+        @asynccontextmanager
+        async def lifespan(app_: FastAPI) -> AsyncIterator[Any]:
+            runtime = Runtime(
+                Pool(
+                    launcher,
+                    size=len(self.config.source.urls)
+                    if self.config.source.kind == "urls"
+                    else self.config.source.instances,
+                    lease_timeout=self.config.lease_timeout_s,
+                    data_timeout=self.config.data_timeout_s,
+                    startup_timeout=self.config.startup_timeout_s,
+                ),
+                self._tasks,
+                RuntimeSettings(
+                    environment=self.config.environment,
+                    role=self.config.role,
+                    tool_timeout=self.config.tool_timeout_s,
+                    idle_timeout=self.config.idle_timeout_s,
+                ),
+            )
+            await runtime.start()
+            self._runtime = runtime
+            self._register_tools(app_, runtime)
+            try:
+                async with inner(app_) as state:
+                    yield state
+            finally:
+                self._runtime = None
+                await runtime.stop()
+
+        app.router.lifespan_context = lifespan
+        return app
+
+    # -- Gym's endpoints ----------------------------------------------------------------------------------------
+
+    async def seed_session(self, request: Request, body: SeedBody) -> Response:
+        runtime = self._running()
+        if _RESOURCES_FLOW and isinstance(body, gym.ResourcesSeedSessionRequest):
+            # The caller names the session; the cookie carries that name so tool calls and verify find it.
+            key = body.resources_session_id
+            request.session[SESSION_ID_KEY] = key
+            split = body.task_data.get("split")
+            task_id = body.task_data.get("task_id") or body.task_id.task_id
+            identity: Any = (body.episode_id.model_dump_json(), body.task_id.model_dump_json())
+        else:
+            key, split, task_id, identity = request.session[SESSION_ID_KEY], body.split, body.task_id, None
+        try:
+            episode = await runtime.seed(key, split if isinstance(split, str) else None, str(task_id), identity)
+        except UnknownTaskError as error:
+            raise HTTPException(404, str(error)) from None
+        except SessionConflictError as error:
+            raise HTTPException(409, str(error)) from None
+        if episode.failure is not None:
+            detail = {"detail": episode.failure.reason, "failure_kind": episode.failure.kind}
+            return JSONResponse(detail, status_code=503)
+        if identity is not None:
+            return JSONResponse(gym.ResourcesSeedSessionResponse(resources_session_id=key).model_dump(mode="json"))
+        return JSONResponse({"task_id": episode.task.id})
+
+    async def verify(self, request: Request, body: AgentEnvVerifyRequest) -> AgentEnvVerifyResponse:
+        verdict = await self._running().verify(request.session[SESSION_ID_KEY], _final_text(body.response))
+        return _verify_response(body, verdict)
+
+    async def close_resources_session(self, request: Request, body: CloseBody) -> Response:
+        if _RESOURCES_FLOW and isinstance(body, gym.ResourcesCloseSessionRequest):
+            key = body.resources_session_id
+            await self._running().close(key)
+            return JSONResponse(gym.ResourcesCloseSessionResponse(resources_session_id=key).model_dump(mode="json"))
+        await self._running().close(request.session[SESSION_ID_KEY])
+        return JSONResponse({})
+
+    async def pool_status(self) -> dict[str, Any]:
+        return self._running().status()
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    def _running(self) -> Runtime:
+        if self._runtime is None:
+            raise HTTPException(503, "the environment pool is not running (the app's lifespan has not started)")
+        return self._runtime
+
+    def _register_tools(self, app: FastAPI, runtime: Runtime) -> None:
+        existing = {getattr(route, "path", None) for route in app.router.routes}
+        for tool in runtime.tools:
+            path = f"/{tool['name']}"
+            if path in existing:  # a second lifespan cycle of the same app
+                continue
+            app.add_api_route(
+                path,
+                self._tool_endpoint(tool["name"]),
+                methods=["POST"],
+                summary=tool["name"],
+                description=tool.get("description") or "",
+                response_class=PlainTextResponse,
+                openapi_extra={
+                    "requestBody": {
+                        "required": False,
+                        "content": {"application/json": {"schema": tool.get("inputSchema") or {}}},
+                    }
+                },
+            )
+
+    def _tool_endpoint(self, name: str) -> Callable[[Request], Any]:
+        async def call_tool(request: Request) -> Response:
+            raw = await request.body()
+            try:
+                arguments = json.loads(raw) if raw.strip() else {}
+            except ValueError:
+                return PlainTextResponse(f"the arguments of {name} must be a JSON object", status_code=400)
+            if not isinstance(arguments, dict):
+                return PlainTextResponse(f"the arguments of {name} must be a JSON object", status_code=400)
+            reply = await self._running().call_tool(request.session[SESSION_ID_KEY], name, arguments)
+            return PlainTextResponse(reply.text, status_code=reply.status)
+
+        call_tool.__name__ = f"tool_{name}"
+        return call_tool
+
+    def _path(self, value: str, what: str) -> Path:
+        base = self.folder if self.folder is not None else Path.cwd()
+        path = (base / value).resolve()
+        if not path.exists():
+            raise FolderError(f"{path}: no such {what} folder (config field of {type(self).__name__}: {value!r})")
+        return path
+
+    def _launcher(self) -> Launcher:
+        source = self.config.source
+        if source.kind == "bundle":
+            if not source.path:
+                raise FolderError(f"{type(self).__name__}: source.kind is bundle but source.path is not set")
+            bundle = self._path(source.path, "bundle")
+            if not (bundle / "env.py").is_file():
+                raise FolderError(f"{bundle}: no env.py; a bundle holds its environment in env.py")
+            return BundleLauncher(bundle, startup_timeout=self.config.startup_timeout_s)
+        if not source.urls:
+            raise FolderError(f"{type(self).__name__}: source.kind is urls but source.urls is empty")
+        return UrlLauncher(source.urls)
+
+
+def _final_text(response: Any) -> str:
+    """The last assistant message's text: what response criteria grade."""
+    for item in reversed(list(getattr(response, "output", None) or [])):
+        if getattr(item, "type", None) == "message" and getattr(item, "role", None) == "assistant":
+            content = getattr(item, "content", None)
+            if isinstance(content, str):
+                return content
+            return "".join(getattr(part, "text", None) or "" for part in content or [])
+    return ""
+
+
+def _verify_response(body: AgentEnvVerifyRequest, verdict: Verdict) -> AgentEnvVerifyResponse:
+    fields = body.model_dump()
+    fields["task_id"] = body.task_id or verdict.task_id
+    return AgentEnvVerifyResponse(
+        **fields,
+        reward=verdict.reward,
+        mask_sample=verdict.failure is not None,
+        failure_kind=verdict.failure.kind if verdict.failure else None,
+        failure_reason=verdict.failure.reason if verdict.failure else None,
+        criteria=[CriterionScore(id=c.id, kind=c.kind, score=c.score, detail=c.detail) for c in verdict.criteria],
+    )

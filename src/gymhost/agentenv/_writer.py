@@ -1,0 +1,295 @@
+"""``gymhost write``: an agent environment in, an ordinary Gym resources-server folder out.
+
+The folder (``ROOT/resources_servers/<name>/``) is self-contained and relocatable: ``app.py``, ``configs/<name>.yaml``
+(the resources server, a simple agent and, for nemo-gym 0.7.0, an environment server, so ``gym env start`` can run
+it), ``data/<split>.jsonl`` (one Gym row per task), ``requirements.txt``, a README, and the bundle itself copied
+in (or, for a URL source, the task file). It is built in a scratch folder beside the target and moved into place
+at the end, so a failed write leaves nothing half-written. Writing needs neither nemo-gym nor omegaconf: the YAML
+is written from a template.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .._exceptions import GymhostError
+from ._catalog import responses_tool
+from ._source import Source, inspect_source
+from ._tasks import Task
+
+__all__ = ["WriteError", "WrittenFolder", "awrite_folder", "write_folder"]
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".venv", ".git", ".pytest_cache", ".mypy_cache")
+
+
+class WriteError(GymhostError):
+    """The folder cannot be written: a bad name, or a folder already there without ``--force``."""
+
+
+class WrittenFolder:
+    """Where the folder went and what is in it, for the command line to report."""
+
+    def __init__(self, path: Path, name: str, source: Source, rows: dict[str, int]) -> None:
+        self.path, self.name, self.source, self.rows = path, name, source, rows
+
+
+def write_folder(
+    source: str,
+    root: str | Path,
+    *,
+    name: str | None = None,
+    split: str | None = None,
+    tasks_file: str | Path | None = None,
+    urls: Sequence[str] = (),
+    instances: int = 4,
+    force: bool = False,
+) -> WrittenFolder:
+    """Write ``root/resources_servers/<name>/`` for the environment at ``source`` (a bundle folder or a URL).
+
+    Synchronous; from async code, ``await awrite_folder(...)`` with the same arguments.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise WriteError("write_folder() was called inside a running event loop; use `await awrite_folder(...)`")
+    return asyncio.run(
+        awrite_folder(
+            source, root, name=name, split=split, tasks_file=tasks_file, urls=urls, instances=instances, force=force
+        )
+    )
+
+
+async def awrite_folder(
+    source: str,
+    root: str | Path,
+    *,
+    name: str | None = None,
+    split: str | None = None,
+    tasks_file: str | Path | None = None,
+    urls: Sequence[str] = (),
+    instances: int = 4,
+    force: bool = False,
+) -> WrittenFolder:
+    """``write_folder`` for async code: the environment is started and asked for its card on the caller's loop."""
+    if instances < 1:
+        raise WriteError(f"instances must be at least 1, got {instances}")
+    if name is not None and not _NAME.match(name):
+        raise WriteError(f"--name {name!r}: expected lower-case letters, digits and _, starting with a letter")
+    inspected = await inspect_source(
+        source, extra_urls=urls, tasks_file=Path(tasks_file) if tasks_file else None, split=split
+    )
+    name = name or _default_name(inspected)
+    target = Path(root).resolve() / "resources_servers" / name
+    if target.exists() and not force:
+        raise WriteError(f"{target}: already exists; pass --force to replace it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+
+    scratch = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
+    try:
+        rows = _write_contents(scratch, name, inspected, instances)
+        if target.exists():
+            old = target.with_name(f".{name}.replaced")
+            shutil.rmtree(old, ignore_errors=True)
+            target.rename(old)
+            scratch.rename(target)
+            shutil.rmtree(old)
+        else:
+            scratch.rename(target)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return WrittenFolder(target, name, inspected, rows)
+
+
+def _default_name(source: Source) -> str:
+    base = source.bundle.name if source.bundle is not None else source.environment
+    name = re.sub(r"[^a-z0-9_]+", "_", base.lower()).strip("_")
+    if not name or not name[0].isalpha():
+        name = f"env_{name}".strip("_")
+    if not _NAME.match(name):
+        raise WriteError(f"cannot make a folder name from {base!r}; pass --name")
+    return name
+
+
+def _write_contents(folder: Path, name: str, source: Source, instances: int) -> dict[str, int]:
+    (folder / "configs").mkdir()
+    (folder / "data").mkdir()
+    if source.bundle is not None:
+        shutil.copytree(source.bundle, folder / "bundle", ignore=_IGNORED)
+        tasks_path = "bundle/tasks"
+    else:
+        (folder / "tasks").mkdir()
+        for split, path in source.task_files.items():
+            shutil.copyfile(path, folder / "tasks" / f"{split}.jsonl")
+        tasks_path = "tasks"
+
+    agent = f"{name}_simple_agent"
+    rows: dict[str, int] = {}
+    for split, tasks in source.tasks.items():
+        lines = [json.dumps(_row(task, split, source.tools, agent)) for task in tasks]
+        (folder / "data" / f"{split}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        rows[split] = len(lines)
+
+    (folder / "app.py").write_text(_app_py(name, source), encoding="utf-8")
+    (folder / "configs" / f"{name}.yaml").write_text(_config_yaml(name, source, instances, tasks_path, rows))
+    (folder / "requirements.txt").write_text(_requirements(source))
+    (folder / "README.md").write_text(_readme(name, source, rows))
+    return rows
+
+
+def _row(task: Task, split: str, tools: list[dict[str, Any]], agent: str) -> dict[str, Any]:
+    messages = [{"role": "system", "content": task.prompt.system}] if task.prompt.system else []
+    messages.append({"role": "user", "content": task.prompt.user})
+    return {
+        "responses_create_params": {"input": messages, "tools": [responses_tool(tool) for tool in tools]},
+        "agent_ref": {"type": "responses_api_agents", "name": agent},
+        "task_id": task.id,
+        "split": split,
+    }
+
+
+def _class_name(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_") if part) + "ResourcesServer"
+
+
+def _app_py(name: str, source: Source) -> str:
+    cls = _class_name(name)
+    return f'''"""NeMo Gym resources server for the agent environment {source.environment!r}.
+
+Written by `gymhost write`. Serve it with `gymhost serve .` from this folder,
+or let Gym's launcher (`gym env start`) run this file.
+"""
+
+from pathlib import Path
+
+from gymhost.agentenv import AgentEnvResourcesServer
+
+
+class {cls}(AgentEnvResourcesServer):
+    folder = Path(__file__).resolve().parent
+
+
+if __name__ == "__main__":
+    {cls}.run_webserver()
+'''
+
+
+def _config_yaml(name: str, source: Source, instances: int, tasks_path: str, rows: dict[str, int]) -> str:
+    q = json.dumps  # a JSON string is a valid YAML scalar
+    if source.bundle is not None:
+        source_block = f"""        kind: bundle
+        path: bundle
+        instances: {instances}"""
+    else:
+        urls = "\n".join(f"        - {q(url)}" for url in source.urls)
+        source_block = f"""        kind: urls
+        urls:
+{urls}"""
+    datasets = "\n".join(
+        f"""      - name: {q(split)}
+        type: {q(_dataset_type(split))}
+        jsonl_fpath: {q(f"resources_servers/{name}/data/{split}.jsonl")}"""
+        for split in rows
+    )
+    return f"""# Written by `gymhost write` for the agent environment {q(source.environment)}.
+# Serve the resources server with `gymhost serve` on this folder; `gym env start` runs all three blocks.
+{name}_resources_server:
+  resources_servers:
+    {name}:
+      entrypoint: app.py
+      domain: agent
+      verified: false
+      description: {q(f"agentenv environment {source.environment} as a Gym resources server (gymhost)")}
+      environment: {q(source.environment)}
+      source:
+{source_block}
+      tasks: {q(tasks_path)}
+      role: null
+      lease_timeout_s: 60
+      tool_timeout_s: 60
+      data_timeout_s: 30
+      startup_timeout_s: 60
+      idle_timeout_s: 900
+{name}_simple_agent:
+  responses_api_agents:
+    simple_agent:
+      entrypoint: app.py
+      resources_server:
+        type: resources_servers
+        name: {name}_resources_server
+      model_server:
+        type: responses_api_models
+        name: policy_model
+      datasets:
+{datasets}
+{name}_environment_server:
+  environment_servers:
+    legacy_agent:
+      entrypoint: app.py
+      agent_server:
+        type: responses_api_agents
+        name: {name}_simple_agent
+"""
+
+
+def _dataset_type(split: str) -> str:
+    return split if split in ("train", "validation", "example") else "validation"
+
+
+def _requirements(source: Source) -> str:
+    lines = ["gymhost[nemo-gym]", "agentenv-framework-protocol>=0.1.379,<0.2"]
+    if source.bundle is not None and (source.bundle / "requirements.txt").is_file():
+        lines += [
+            line.strip()
+            for line in (source.bundle / "requirements.txt").read_text().splitlines()
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+    return "\n".join(dict.fromkeys(lines)) + "\n"
+
+
+def _readme(name: str, source: Source, rows: dict[str, int]) -> str:
+    origin = (
+        f"the bundle in `bundle/` (copied from `{source.bundle}`)"
+        if source.bundle
+        else "the environment at " + ", ".join(f"`{url}`" for url in source.urls)
+    )
+    tools = ", ".join(f"`{tool['name']}`" for tool in source.tools)
+    data = ", ".join(f"`data/{split}.jsonl` ({count} rows)" for split, count in rows.items())
+    return f"""# {name}
+
+A NeMo Gym resources server for the agent environment `{source.environment}`, written by `gymhost write` from
+{origin}. Tools: {tools}. Rows: {data}.
+
+## Serve it
+
+```
+gymhost serve resources_servers/{name} --port 8000      # or: cd resources_servers/{name} && gymhost serve .
+GYMHOST_FOLDER=resources_servers/{name} uvicorn gymhost.asgi:app --port 8000
+```
+
+`gym env start` runs the whole folder too (`configs/{name}.yaml` has the resources server, a simple agent and an
+environment server). `requirements.txt` lists what the server needs.
+
+## What it does
+
+`/seed_session` leases an environment instance, resets it, loads the task's seed data and opens an MCP session;
+each tool route (`POST /<tool>`) forwards the call over MCP and answers the tool's text (HTTP 400 when the tool
+reports an error); `/verify` grades the episode from the task's criteria, tears it down and answers `reward`, with
+`mask_sample` true only when the infrastructure failed. `GET /agentenv/pool` shows the instances.
+
+Check that every reference solution scores 1.0 and an empty attempt does not:
+
+```
+gymhost check resources_servers/{name}
+```
+"""

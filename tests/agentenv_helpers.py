@@ -1,0 +1,92 @@
+"""Bundles and environment processes for the agent-environment tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .conftest import REPO
+from .processes import ServerProcess, free_port, serving
+
+GRIDSIM = REPO / "examples" / "gridsim_v1"
+
+# A second environment, small enough to read in a test: a counter, a hidden tool, and a tool named by a parameter.
+COUNTER_ENV = '''
+from typing import Any
+
+from agentenv_protocol import AgentEnvEnvironment, DataPart, add_data, environment_card, get_data, reset_data, tool
+
+
+@environment_card(name="counter")
+class CounterEnv(AgentEnvEnvironment):
+    def __init__(self) -> None:
+        self.count = 0
+
+    @reset_data
+    async def reset(self) -> None:
+        self.count = 0
+
+    @add_data
+    async def add(self, parts: list[Any]) -> None:
+        self.count = parts[0].data["start"]
+
+    @get_data
+    async def get(self) -> list[DataPart]:
+        return [DataPart(data={"count": self.count})]
+
+    @tool(name="{TOOL}")
+    async def increment(self, by: int = 1) -> dict[str, Any]:
+        """Add to the counter."""
+        self.count += by
+        return {"count": self.count}
+
+    @tool(name="peek_answers", hidden_by_default=True)
+    async def peek(self) -> dict[str, Any]:
+        """Plumbing a task driver uses; never the model's."""
+        return {"count": self.count}
+'''
+
+COUNTER_TASK = {
+    "id": "count-to-3",
+    "prompt": {"user": "Make the counter 3."},
+    "seed": {"parts": [{"kind": "data", "data": {"start": 1}}]},
+    "grading": {"criteria": [{"kind": "state", "path": "/count", "equals": 3}]},
+    "solution": {"tool_calls": [{"name": "increment", "arguments": {"by": 2}}]},
+}
+
+
+def make_bundle(
+    root: Path, name: str = "counter_v1", *, tasks: list[Any] | None = None, tool_name: str = "increment"
+) -> Path:
+    bundle = root / name
+    (bundle / "tasks").mkdir(parents=True)
+    (bundle / "env.py").write_text(COUNTER_ENV.replace("{TOOL}", tool_name))
+    lines = [t if isinstance(t, str) else json.dumps(t) for t in (tasks if tasks is not None else [COUNTER_TASK])]
+    (bundle / "tasks" / "eval.jsonl").write_text("\n".join(lines) + "\n")
+    return bundle
+
+
+def copy_gridsim(root: Path) -> Path:
+    return Path(shutil.copytree(GRIDSIM, root / "gridsim_v1"))
+
+
+@contextmanager
+def environment_process(bundle: Path = GRIDSIM) -> Iterator[ServerProcess]:
+    """The bundle's env.py run on its own (`python env.py`), as someone else's environment server would be."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {"MCP_HOST": "127.0.0.1", "MCP_PORT": str(port), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    with serving(
+        [sys.executable, str(bundle / "env.py")], cwd=bundle, env=env, url=url, ready_path="/.well-known/agent-env.json"
+    ) as process:
+        yield process
+
+
+def rows(folder: Path, split: str = "eval") -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (folder / "data" / f"{split}.jsonl").read_text().splitlines() if line]

@@ -1,0 +1,371 @@
+"""A written gridsim server, on real environment instances: episodes, failures, teardown, both session flows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gymhost import EpisodeClient, create_app
+from gymhost.agentenv import Task, awrite_folder, load_tasks, write_folder
+
+from .agentenv_helpers import GRIDSIM, environment_process, rows
+from .processes import assert_stopped_cleanly, gymhost_command, run_to_completion, serving
+
+pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
+
+BASE = "http://gymhost.test"
+TASKS: dict[str, Task] = {task.id: task for task in load_tasks(GRIDSIM / "tasks" / "eval.jsonl")}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """gridsim written into one root, then moved to another: a written folder is relocatable."""
+    written = write_folder(str(GRIDSIM), tmp_path_factory.mktemp("written")).path
+    moved = tmp_path_factory.mktemp("moved") / "resources_servers" / "gridsim_v1"
+    moved.parent.mkdir()
+    shutil.move(written, moved)
+    return moved
+
+
+def row_for(folder: Path, task_id: str) -> dict[str, Any]:
+    return next(row for row in rows(folder) if row["task_id"] == task_id)
+
+
+@asynccontextmanager
+async def served(folder: Path, **overrides: Any) -> AsyncIterator[httpx.ASGITransport]:
+    app = create_app(folder, **overrides)
+    async with app.router.lifespan_context(app):
+        yield httpx.ASGITransport(app=app)
+
+
+async def play(
+    base: str, row: dict[str, Any], *, right: bool = True, transport: httpx.AsyncBaseTransport | None = None
+) -> dict[str, Any]:
+    """The task's reference solution (right), or its first move only and no answer (wrong)."""
+    solution = TASKS[row["task_id"]].solution
+    assert solution is not None
+    calls = solution.tool_calls if right else solution.tool_calls[:1]
+    async with EpisodeClient(base, transport=transport) as episode:
+        await episode.seed(row)
+        for call in calls:
+            await episode.call_tool(call.name, call.arguments)
+        return await episode.verify(row, solution.final_text if right else "")
+
+
+async def pool(base: str, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=base, transport=transport) as client:
+        answer: dict[str, Any] = (await client.get("/agentenv/pool")).json()
+        return answer
+
+
+async def instance_state(url: str) -> dict[str, Any]:
+    async with httpx.AsyncClient() as client:
+        reply = await client.post(
+            f"{url}/agentenv", json={"jsonrpc": "2.0", "id": 1, "method": "data/get", "params": {}}
+        )
+        state: dict[str, Any] = reply.json()["result"]["parts"][0]["data"]
+        return state
+
+
+async def test_end_to_end_from_inside_the_written_folder(folder: Path) -> None:
+    """`python -m gymhost serve . --port 0` in the folder; a verifiers-like client; the episode torn down."""
+    with serving(gymhost_command("serve", ".", "--port", "0"), cwd=folder) as server:
+        for task_id in ("around-the-wall", "report-position", "efficient-diagonal"):
+            answer = await play(server.url, row_for(folder, task_id))
+            assert (answer["reward"], answer["mask_sample"], answer["failure_kind"]) == (1.0, False, None)
+            assert answer["task_id"] == task_id
+            assert all(criterion["score"] == 1.0 for criterion in answer["criteria"])
+        status = await pool(server.url)
+        assert status["open_episodes"] == 0
+        assert [instance["state"] for instance in status["instances"]] == ["free"] * 4
+        assert sum(instance["episodes"] for instance in status["instances"]) == 3
+        for instance in status["instances"]:  # released instances were reset: no grid loaded
+            assert await instance_state(instance["url"]) == {"loaded": False}
+    assert_stopped_cleanly(server)
+
+
+async def test_a_wrong_play_scores_zero_unmasked(folder: Path) -> None:
+    async with served(folder) as transport:
+        for task_id in ("corridor-east", "maze", "look-around", "efficient-diagonal"):
+            answer = await play(BASE, row_for(folder, task_id), right=False, transport=transport)
+            assert answer["mask_sample"] is False, answer
+            assert answer["failure_kind"] is None
+            assert answer["reward"] < 1.0
+        answer = await play(BASE, row_for(folder, "maze"), right=False, transport=transport)
+        assert answer["reward"] == 0.0
+        assert [c["id"] for c in answer["criteria"] if c["score"] < 1] == ["at-goal"]
+
+
+async def test_tool_errors_are_outputs_for_the_model(folder: Path) -> None:
+    async with served(folder) as transport:
+        episode = EpisodeClient(BASE, transport=transport)
+        await episode.seed(row_for(folder, "corridor-east"))
+        blocked = await episode.call_tool("gridsim_move", {"direction": "up"})
+        assert (blocked.status_code, blocked.text) == (400, "blocked: cannot move up from [0, 0]: edge of the grid")
+        invalid = await episode.call_tool("gridsim_move", {"direction": "diagonal"})
+        assert invalid.status_code == 400
+        assert invalid.text.startswith("Error executing tool gridsim_move")
+        not_json = await episode.post("/gridsim_look", [1, 2])  # type: ignore[arg-type]
+        assert (not_json.status_code, not_json.text) == (400, "the arguments of gridsim_look must be a JSON object")
+        stranger = await EpisodeClient(BASE, transport=transport).call_tool("gridsim_look", {})
+        assert stranger.status_code == 409
+        assert "call /seed_session first" in stranger.text
+        answer = await episode.verify(row_for(folder, "corridor-east"))
+        assert (answer["reward"], answer["mask_sample"]) == (0.0, False)
+
+
+async def test_killing_the_leased_instance_masks_the_episode_and_the_pool_recovers(folder: Path) -> None:
+    one_instance = {"source": {"instances": 1}}
+    async with served(folder, **one_instance) as transport:
+        row = row_for(folder, "maze")
+        episode = EpisodeClient(BASE, transport=transport)
+        await episode.seed(row)
+        await episode.call_tool("gridsim_move", {"direction": "up"})
+        (instance,) = (await pool(BASE, transport))["instances"]
+        os.kill(instance["pid"], signal.SIGKILL)
+        output = await episode.call_tool("gridsim_move", {"direction": "up"})
+        assert output.status_code == 503
+        assert output.text.startswith("the environment is unavailable: tool gridsim_move: ")
+        answer = await episode.verify(row, "done")
+        assert (answer["reward"], answer["mask_sample"]) == (0.0, True)
+        assert answer["failure_kind"] in {"transport_unreachable", "session_lost"}
+        assert answer["failure_reason"]
+        # The next episode waits for the repaired instance and plays normally on it.
+        answer = await play(BASE, row, transport=transport)
+        assert (answer["reward"], answer["mask_sample"]) == (1.0, False)
+        (repaired,) = (await pool(BASE, transport))["instances"]
+        assert repaired["pid"] != instance["pid"]
+        assert repaired["state"] == "free"
+
+
+async def test_two_concurrent_episodes_never_see_each_others_state(folder: Path) -> None:
+    async with served(folder, source={"instances": 2}) as transport:
+        east, north = row_for(folder, "corridor-east"), row_for(folder, "long-corridor")
+        first, second = EpisodeClient(BASE, transport=transport), EpisodeClient(BASE, transport=transport)
+        await asyncio.gather(first.seed(east), second.seed(north))
+        for step in range(9):  # interleaved: any shared state would put one walker where the other went
+            moves = [second.call_tool("gridsim_move", {"direction": "up"})]
+            if step < 3:
+                moves.append(first.call_tool("gridsim_move", {"direction": "right"}))
+            outputs = await asyncio.gather(*moves)
+            assert all(output.ok for output in outputs), outputs
+        looks = await asyncio.gather(first.call_tool("gridsim_look"), second.call_tool("gridsim_look"))
+        assert [json.loads(look.text)["pos"] for look in looks] == [[3, 0], [0, 9]]
+        answers = await asyncio.gather(first.verify(east), second.verify(north))
+        assert [answer["reward"] for answer in answers] == [1.0, 1.0]
+
+
+async def test_seed_is_idempotent_and_refuses_conflicts(folder: Path) -> None:
+    async with served(folder) as transport:
+        row = row_for(folder, "corridor-east")
+        episode = EpisodeClient(BASE, transport=transport)
+        await episode.seed(row)
+        await episode.call_tool("gridsim_move", {"direction": "right"})
+        again = await episode.post("/seed_session", row)
+        assert again.status_code == 200
+        assert json.loads((await episode.call_tool("gridsim_look")).text)["pos"] == [1, 0]  # not re-seeded
+        other = await episode.post("/seed_session", row_for(folder, "maze"))
+        assert other.status_code == 409
+        assert "already seeded with task 'corridor-east'" in other.json()["detail"]
+        unknown = await EpisodeClient(BASE, transport=transport).post("/seed_session", {**row, "task_id": "nope"})
+        assert (unknown.status_code, unknown.json()["detail"]) == (404, "no task 'nope' in split 'eval'")
+        assert (await pool(BASE, transport))["open_episodes"] == 1
+
+
+async def test_close_session_tears_the_episode_down(folder: Path) -> None:
+    async with served(folder, source={"instances": 1}) as transport:
+        row = row_for(folder, "corridor-east")
+        episode = EpisodeClient(BASE, transport=transport)
+        await episode.seed(row)
+        await episode.call_tool("gridsim_move", {"direction": "right"})
+        assert (await episode.post("/close_session", {})).status_code == 200
+        status = await pool(BASE, transport)
+        assert (status["open_episodes"], status["instances"][0]["state"]) == (0, "free")
+        assert await instance_state(status["instances"][0]["url"]) == {"loaded": False}
+        answer = await episode.verify(row)
+        assert (answer["mask_sample"], answer["failure_kind"]) == (True, "session_lost")
+        assert (await episode.post("/seed_session", row)).status_code == 409
+
+
+async def test_a_seed_that_finds_no_free_instance_is_masked(folder: Path) -> None:
+    async with served(folder, source={"instances": 1}, lease_timeout_s=0.5) as transport:
+        row = row_for(folder, "corridor-east")
+        holder, waiter = EpisodeClient(BASE, transport=transport), EpisodeClient(BASE, transport=transport)
+        await holder.seed(row)
+        refused = await waiter.post("/seed_session", row)
+        assert refused.status_code == 503
+        assert refused.json()["failure_kind"] == "provider_unavailable"
+        waiter.cookies.update(refused.cookies)
+        answer = await waiter.verify(row)
+        assert (answer["mask_sample"], answer["failure_kind"]) == (True, "provider_unavailable")
+        assert (await holder.verify(row))["mask_sample"] is False
+
+
+async def test_idle_episodes_expire_and_free_their_instance(folder: Path) -> None:
+    async with served(folder, source={"instances": 1}, idle_timeout_s=0.5) as transport:
+        row = row_for(folder, "corridor-east")
+        episode = EpisodeClient(BASE, transport=transport)
+        await episode.seed(row)
+        deadline = time.monotonic() + 10
+        while (await pool(BASE, transport))["open_episodes"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        answer = await episode.verify(row)
+        assert (answer["mask_sample"], answer["failure_kind"]) == (True, "session_expired")
+        assert (await play(BASE, row, transport=transport))["reward"] == 1.0
+
+
+async def test_a_repeated_verify_gets_the_same_verdict(folder: Path) -> None:
+    async with served(folder) as transport:
+        row = row_for(folder, "reach-corner")
+        episode = EpisodeClient(BASE, transport=transport)
+        await episode.seed(row)
+        await episode.call_tool("gridsim_move", {"direction": "right"})
+        await episode.call_tool("gridsim_move", {"direction": "up"})
+        first, second = await episode.verify(row), await episode.verify(row)
+        assert first["reward"] == second["reward"] == 1.0
+
+
+async def test_the_environment_sessions_flow_of_nemo_gym_0_7(folder: Path, gym_version: tuple[int, ...]) -> None:
+    """The checks of nemo-gym's check_resources_session_contract, plus an episode played in that flow."""
+    if gym_version < (0, 5):
+        async with served(folder) as transport:  # 0.4.0 has no such flow: the body is just a row without a task
+            answer = await EpisodeClient(BASE, transport=transport).post("/seed_session", {"resources_session_id": "x"})
+            assert answer.status_code == 422
+        return
+    row = row_for(folder, "reach-corner")
+    seed = {
+        "resources_session_id": "rs-1",
+        "episode_id": {"rollout_id": "r1"},
+        "task_id": {"taskset": "gridsim", "task_id": "reach-corner"},
+        "task_data": {"task_id": "reach-corner", "split": "eval"},
+    }
+    close = {"resources_session_id": "rs-1", "episode_id": {"rollout_id": "r1"}}
+    async with served(folder) as transport:
+        episode = EpisodeClient(BASE, transport=transport)
+        for _ in range(2):  # seed, then a repeated seed
+            answer = await episode.post("/seed_session", seed)
+            assert answer.status_code == 200, answer.text
+            assert answer.json() == {"resources_session_id": "rs-1", "resources_tools": None, "sandbox_access": None}
+            episode.cookies.update(answer.cookies)
+        other = await episode.post("/seed_session", {**seed, "episode_id": {"rollout_id": "r2"}})
+        assert other.status_code == 409
+        for call in TASKS["reach-corner"].solution.tool_calls:  # type: ignore[union-attr]
+            assert (await episode.call_tool(call.name, call.arguments)).ok
+        assert (await episode.verify(row))["reward"] == 1.0
+        for _ in range(2):  # close, then a repeated close
+            answer = await episode.post("/close_session", close)
+            assert (answer.status_code, answer.json()) == (200, {"resources_session_id": "rs-1"})
+        never = {**close, "resources_session_id": "rs-never"}
+        assert (await episode.post("/close_session", never)).status_code == 200
+        for late in (seed, {**seed, "resources_session_id": "rs-never"}):
+            assert (await episode.post("/seed_session", late)).status_code >= 400
+
+
+async def test_the_url_source_against_separately_started_environments(tmp_path: Path) -> None:
+    tasks = GRIDSIM / "tasks" / "eval.jsonl"
+    with environment_process() as first, environment_process() as second:
+        written = (await awrite_folder(first.url, tmp_path, tasks_file=tasks, urls=[second.url])).path
+        async with served(written) as transport:
+            status = await pool(BASE, transport)
+            assert [(i["url"], i["pid"]) for i in status["instances"]] == [(first.url, None), (second.url, None)]
+            answers = await asyncio.gather(*(play(BASE, row, transport=transport) for row in rows(written)[:4]))
+            assert [answer["reward"] for answer in answers] == [1.0] * 4
+
+
+async def test_startup_refuses_another_environment(folder: Path) -> None:
+    from gymhost.agentenv import StartupError
+
+    app = create_app(folder, environment="mailbox")
+    with pytest.raises(StartupError, match=r"the environment is 'gridsim', but this server was written for 'mailbox'"):
+        async with app.router.lifespan_context(app):
+            pass
+
+
+def test_no_instance_outlives_the_server(folder: Path) -> None:
+    """SIGTERM stops every instance; so does SIGKILL, through the instances' death pipe."""
+    for stop in (signal.SIGTERM, signal.SIGKILL):
+        with serving(gymhost_command("serve", str(folder), "--port", "0")) as server:
+            pids = [i["pid"] for i in httpx.get(f"{server.url}/agentenv/pool").json()["instances"]]
+            assert all(_alive(pid) for pid in pids)
+            server.process.send_signal(stop)
+            server.process.wait(20)
+        deadline = time.monotonic() + 10
+        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in pids), f"instances {pids} outlived the server ({stop.name})"
+
+
+def test_gymhost_check_passes_on_gridsim(folder: Path) -> None:
+    result = run_to_completion(gymhost_command("check", str(folder)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["task", "reference", "empty", "result"]
+    assert sum(line.endswith("  ok") for line in lines) == len(TASKS)
+    assert lines[-1] == f"all {len(TASKS)} rows pass: every reference solution scores 1.0 and no empty attempt does"
+
+
+def test_gymhost_check_fails_a_task_whose_grading_does_not_hold(tmp_path: Path) -> None:
+    bundle = Path(shutil.copytree(GRIDSIM, tmp_path / "gridsim_v1"))
+    tasks = [json.loads(line) for line in (bundle / "tasks" / "eval.jsonl").read_text().splitlines()]
+    tasks[0]["solution"]["tool_calls"] = tasks[0]["solution"]["tool_calls"][:1]  # stops short of the goal
+    tasks[1]["grading"]["criteria"] = [{"kind": "state", "path": "/moves", "equals": 0}]  # nothing done passes
+    (bundle / "tasks" / "eval.jsonl").write_text("\n".join(json.dumps(t) for t in tasks[:3]) + "\n")
+    folder = write_folder(str(bundle), tmp_path / "root").path
+    result = run_to_completion(gymhost_command("check", str(folder)))
+    assert result.returncode == 1
+    assert "eval:corridor-east: reference scored 0: /at_goal = false, expected true" in result.stdout
+    assert "eval:reach-corner: reference scored 0" in result.stdout
+    assert "eval:reach-corner: an empty attempt scored 1.0" in result.stdout
+    assert result.stderr.strip() == "Error: 2 of 3 rows failed the check"
+
+
+def test_gyms_own_launcher_runs_the_written_app_py(folder: Path) -> None:
+    """What `gym env start` does once the folder's venv exists: `python app.py` in the folder, the resolved config
+    in NEMO_GYM_CONFIG_DICT. (On nemo-gym 0.4.0 run_webserver also starts a local Ray cluster, and stops it.)"""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(OmegaConf.load(folder / "configs" / "gridsim_v1.yaml"))
+    assert isinstance(config, dict)
+    from .processes import free_port
+
+    port = free_port()
+    block = config["gridsim_v1_resources_server"]["resources_servers"]["gridsim_v1"]
+    block.update(host="127.0.0.1", port=port)
+    global_config = {
+        "gridsim_v1_resources_server": config["gridsim_v1_resources_server"],
+        "head_server": {"host": "127.0.0.1", "port": free_port()},
+        "dry_run": False,
+    }
+    env = {
+        "NEMO_GYM_CONFIG_DICT": OmegaConf.to_yaml(OmegaConf.create(global_config)),
+        "NEMO_GYM_CONFIG_PATH": "gridsim_v1_resources_server",
+    }
+    url = f"http://127.0.0.1:{port}"
+    with serving([sys.executable, "app.py"], cwd=folder, env=env, url=url):
+        answer = await_sync(play(url, row_for(folder, "checkpoint-tour")))
+        assert (answer["reward"], answer["mask_sample"]) == (1.0, False)
+
+
+def await_sync(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited; it only waits for its parent to reap it
+        return stat.read().split()[2] != "Z"
