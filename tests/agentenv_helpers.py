@@ -16,11 +16,15 @@ from .processes import ServerProcess, free_port, serving
 
 GRIDSIM = REPO / "examples" / "gridsim_v1"
 
-# A second environment, small enough to read in a test: a counter, a hidden tool, and a tool named by a parameter.
+# A second environment, small enough to read in a test: a counter, a hidden tool, a tool named by a parameter, and a
+# seed that can be made slow.
 COUNTER_ENV = '''
+import asyncio
 from typing import Any
 
 from agentenv_protocol import AgentEnvEnvironment, DataPart, add_data, environment_card, get_data, reset_data, tool
+
+print("counter env: loading")  # an environment that prints must not confuse the instance's ready line
 
 
 @environment_card(name="counter")
@@ -34,6 +38,7 @@ class CounterEnv(AgentEnvEnvironment):
 
     @add_data
     async def add(self, parts: list[Any]) -> None:
+        await asyncio.sleep(parts[0].data.get("slow", 0))  # a slow seed, for races with close and disconnects
         self.count = parts[0].data["start"]
 
     @get_data

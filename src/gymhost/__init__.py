@@ -16,12 +16,14 @@ from ._exceptions import (
     UnmappedServerError,
     UpstreamUnavailableError,
 )
+from ._gateway import GatewayError, create_gateway, mounted_lifespan
 
 __version__ = "0.1.0"
 
 __all__ = [
     "EpisodeClient",
     "FolderError",
+    "GatewayError",
     "GymhostError",
     "HostedServer",
     "NemoGymNotInstalledError",
@@ -33,4 +35,6 @@ __all__ = [
     "UpstreamUnavailableError",
     "__version__",
     "create_app",
+    "create_gateway",
+    "mounted_lifespan",
 ]

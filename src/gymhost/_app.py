@@ -2,7 +2,8 @@
 
 This is the app-building half of Gym's ``SimpleServer.run_webserver``, in the same order, without its process
 side effects: no Ray, no head server, no ``uvicorn.run``, no ulimit or stdout patching, no telemetry. What is
-left is a FastAPI app that any ASGI server can run and any router can mount.
+left is a FastAPI app that any ASGI server can run and any router can mount: its session cookie is scoped to its
+mount and signed with a real secret (``_mountable``, ``_sessions``).
 """
 
 from __future__ import annotations
@@ -20,11 +21,31 @@ from ._nemo_gym import require_nemo_gym
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["HostedServer", "create_app"]
+__all__ = ["DEFAULT_HOST", "GYM_ROUTE_NAMES", "HostedServer", "create_app"]
 
 logger = logging.getLogger("gymhost")
 
 DEFAULT_HOST = "127.0.0.1"
+
+# Paths a Gym resources server serves itself (nemo-gym 0.4.0 and 0.7.0, liveness and docs included); every other
+# single-segment POST route of a resources server is a tool.
+GYM_ROUTE_NAMES = frozenset(
+    {
+        "seed_session",
+        "verify",
+        "close_session",
+        "aggregate_metrics",
+        "reverify_mode",
+        "mcp",
+        "health",
+        "healthz",
+        "livez",
+        "readyz",
+        "docs",
+        "redoc",
+        "ng-rollout",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -57,6 +78,12 @@ def create_app(
     """
     version = require_nemo_gym()
     from ._entrypoint import find_server_class, import_entrypoint
+    from ._mountable import (
+        install_sessions,
+        mount_safe_rollout_paths,
+        secret_mcp_tokens,
+        signing_mcp_tokens_with_secret,
+    )
     from ._server_client import build_server_client, own_aiohttp_client, referenced_servers, seed_global_config
 
     name = overrides.pop("name", None)
@@ -76,11 +103,15 @@ def create_app(
         # nemo-gym >= 0.5 moved MCP out of the server classes into this launch-time step.
         from nemo_gym.mcp_auto_exposure import maybe_auto_expose
 
-        maybe_auto_expose(server, app)
+        with signing_mcp_tokens_with_secret(server):
+            maybe_auto_expose(server, app)
+    secret_mcp_tokens(server)
     server.setup_liveness(app)
     server.setup_exception_middleware(app)
     if hasattr(server, "setup_cancellation_middleware"):  # 0.5+: outermost, as run_webserver installs it
         server.setup_cancellation_middleware(app)
+    install_sessions(app, cookie_name=server.get_session_middleware_key())
+    mount_safe_rollout_paths(app)
     own_aiohttp_client(app, global_config)
     app.state.gymhost = HostedServer(spec=spec, server=server, nemo_gym_version=version)
 

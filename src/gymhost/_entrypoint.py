@@ -9,12 +9,14 @@ block, so the name is read from the source; a file without one falls back to the
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
 import inspect
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -32,9 +34,13 @@ def import_entrypoint(spec: ServerSpec) -> ModuleType:
     multi-worker mode imports it by, and the one sibling servers use in ``from resources_servers.x import``),
     else ``gymhost_folders.<folder>``, so relative imports work too. A different folder already registered
     under that name gets a package name of its own rather than being confused with it.
+
+    Top-level sibling imports (``from util import x``, as Gym's launcher allows by putting the folder on
+    ``PYTHONPATH``) resolve to this folder's files even when another folder already imported a module of the
+    same name into this process; see ``_own_siblings``.
     """
-    _make_importable(spec.folder)
-    name = f"{_register_package(spec.folder)}.{spec.entrypoint.stem}"
+    package = _register_package(spec.folder)
+    name = f"{package}.{spec.entrypoint.stem}"
     existing = sys.modules.get(name)
     if existing is not None and _same_file(getattr(existing, "__file__", None), spec.entrypoint):
         return existing
@@ -44,7 +50,8 @@ def import_entrypoint(spec: ServerSpec) -> ModuleType:
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
     try:
-        module_spec.loader.exec_module(module)
+        with _own_siblings(spec.folder, package):
+            module_spec.loader.exec_module(module)
     except ModuleNotFoundError as error:
         del sys.modules[name]
         hint = "; install the folder's requirements.txt" if (spec.folder / "requirements.txt").exists() else ""
@@ -162,14 +169,46 @@ def _create_package(name: str, folder: Path) -> None:
             raise FolderError(f"{init}: importing it failed: {error!r}") from error
 
 
-def _make_importable(folder: Path) -> None:
-    """Put the folder (sibling modules) and its Gym root (``resources_servers.x`` imports) on ``sys.path``."""
-    paths = [str(folder)]
-    if folder.parent.name == "resources_servers":
-        paths.append(str(folder.parent.parent))
-    for path in reversed(paths):
-        if path not in sys.path:
-            sys.path.insert(0, path)
+@contextlib.contextmanager
+def _own_siblings(folder: Path, package: str) -> Iterator[None]:
+    """While the entrypoint imports, its folder comes first on ``sys.path`` and owns its top-level sibling names.
+
+    Two Gym folders may both have a ``util.py``. The one imported second would otherwise get the first one's
+    ``util`` from ``sys.modules``. So for the import, modules of those names that came from elsewhere step aside;
+    afterwards this folder's are also registered under its package (``<package>.util``) and the earlier owners get
+    their names back. The folder stays on ``sys.path`` (at the end, so it shadows nothing installed) for imports
+    a server makes later, at request time; a module name two folders share resolves there to the first folder.
+    """
+    siblings = {p.stem for p in folder.glob("*.py")} | {p.parent.name for p in folder.glob("*/__init__.py")}
+    siblings.discard("__init__")
+    displaced = {
+        name: sys.modules.pop(name)
+        for name in list(sys.modules)
+        if name.partition(".")[0] in siblings and not _inside(sys.modules[name], folder)
+    }
+    root = folder.parent.parent if folder.parent.name == "resources_servers" else None
+    entries = [str(folder)] + ([str(root)] if root is not None else [])
+    for entry in reversed(entries):
+        sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        for entry in entries:
+            sys.path.remove(entry)
+            if entry not in sys.path:
+                sys.path.append(entry)
+        for name in list(sys.modules):
+            module = sys.modules[name]
+            if name.partition(".")[0] in siblings and _inside(module, folder):
+                sys.modules.setdefault(f"{package}.{name}", module)
+                if name in displaced:
+                    sys.modules[name] = displaced.pop(name)
+        sys.modules.update(displaced)
+
+
+def _inside(module: ModuleType, folder: Path) -> bool:
+    location = getattr(module, "__file__", None)
+    return location is not None and Path(location).resolve().is_relative_to(folder)
 
 
 def _same_file(module_file: str | None, path: Path) -> bool:

@@ -12,10 +12,11 @@ import asyncio
 import errno
 import os
 import socket
+import traceback
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._exceptions import ServeError
+from ._exceptions import GymhostError, ServeError
 
 __all__ = ["SERVERS", "ServeConfig", "bind_socket", "run_app", "url_of"]
 
@@ -60,12 +61,60 @@ def url_of(sock: socket.socket) -> str:
 
 def run_app(app: Any, sock: socket.socket, config: ServeConfig) -> None:
     """Serve ``app`` on ``sock`` until SIGINT or SIGTERM; both servers run the app's lifespan."""
-    if config.server == "uvicorn":
-        _run_uvicorn(app, sock, config)
-    elif config.server == "hypercorn":
-        _run_hypercorn(app, sock, config)
-    else:
-        raise ServeError(f"unknown server {config.server!r}; expected one of {', '.join(SERVERS)}")
+    lifespan = _Lifespan(app)
+    try:
+        if config.server == "uvicorn":
+            _run_uvicorn(lifespan, sock, config)
+        elif config.server == "hypercorn":
+            _run_hypercorn(lifespan, sock, config)
+        else:
+            raise ServeError(f"unknown server {config.server!r}; expected one of {', '.join(SERVERS)}")
+    except (Exception, SystemExit) as error:  # uvicorn exits, hypercorn raises, when the lifespan fails
+        if lifespan.startup_error is not None:
+            raise ServeError(lifespan.startup_error) from None
+        if isinstance(error, ServeError):
+            raise
+        raise ServeError(f"{config.server} stopped: {error!r}; its log above says more") from error
+
+
+class _Lifespan:
+    """The app's lifespan, run for the ASGI server, with gymhost's own startup errors reported as one line.
+
+    Starlette hands the ASGI server a formatted traceback when a lifespan fails; a folder whose environment will
+    not start deserves the one-line message its ``GymhostError`` carries, like every other gymhost error. Anything
+    else keeps its traceback. Apps without a Starlette router pass through untouched.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.startup_error: str | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        router: Any = getattr(self.app, "router", None)
+        if scope["type"] != "lifespan" or not hasattr(router, "lifespan_context"):
+            await self.app(scope, receive, send)
+            return
+        await receive()  # lifespan.startup
+        context = router.lifespan_context(self.app)
+        try:
+            state = await context.__aenter__()
+        except GymhostError as error:
+            self.startup_error = str(error)
+            await send({"type": "lifespan.startup.failed", "message": ""})
+            return
+        except BaseException:
+            await send({"type": "lifespan.startup.failed", "message": traceback.format_exc()})
+            return
+        if state and "state" in scope:
+            scope["state"].update(state)
+        await send({"type": "lifespan.startup.complete"})
+        await receive()  # lifespan.shutdown
+        try:
+            await context.__aexit__(None, None, None)
+        except BaseException:
+            await send({"type": "lifespan.shutdown.failed", "message": traceback.format_exc()})
+            return
+        await send({"type": "lifespan.shutdown.complete"})
 
 
 def _run_uvicorn(app: Any, sock: socket.socket, config: ServeConfig) -> None:

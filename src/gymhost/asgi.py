@@ -1,7 +1,8 @@
 """A module-level ``app`` for ASGI servers that import apps by name.
 
 ``GYMHOST_FOLDER=path/to/folder uvicorn gymhost.asgi:app`` (or ``hypercorn gymhost.asgi:app``). The
-repository's top-level ``asgi.py`` re-exports this, for ``uvicorn asgi:app`` from a checkout.
+repository's top-level ``asgi.py`` re-exports this, for ``uvicorn asgi:app`` from a checkout. A Gym root (a folder
+holding ``resources_servers/<name>/``) gives a gateway with every server at ``/<name>/``.
 
 A missing or wrong folder ends the process with one line on stderr (``SystemExit``): the ASGI server is
 importing this module, and a traceback through its importer would bury the message.
@@ -13,6 +14,7 @@ import os
 
 from ._app import create_app
 from ._exceptions import GymhostError
+from ._gateway import create_gateway, is_gym_root
 
 __all__ = ["ENV_VAR", "app"]
 
@@ -27,7 +29,7 @@ def _app_from_environment() -> object:
             f"e.g. {ENV_VAR}=path/to/resources_servers/my_server uvicorn asgi:app"
         )
     try:
-        return create_app(folder)
+        return create_gateway(folder) if is_gym_root(folder) else create_app(folder)
     except GymhostError as error:
         raise SystemExit(f"gymhost: {ENV_VAR}={folder}: {error}") from None
 

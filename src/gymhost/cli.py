@@ -7,6 +7,7 @@ the install hint work in an environment without it.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
@@ -93,12 +94,22 @@ def serve(
     settings: tuple[str, ...],
     log_level: str,
 ) -> None:
-    """Serve the resources server in FOLDER (which may be '.')."""
+    """Serve the resources server in FOLDER (which may be '.').
+
+    When FOLDER is a Gym root (it holds resources_servers/<name>/ folders, as `gymhost write` makes), every server
+    in it is served by this one process at /<name>/, with a list of them at /.
+    """
+    from starlette.routing import Mount
+
     from ._app import create_app
+    from ._gateway import create_gateway, is_gym_root
     from ._nemo_gym import require_nemo_gym
 
     urls = _key_values("--server-url", server_urls)
     config = ServeConfig(host=host, port=port, server=server_name, log_level=log_level)  # type: ignore[arg-type]
+    gateway = is_gym_root(folder)
+    if gateway and (name or config_key or settings):
+        raise click.UsageError("--name, --config-key and --set apply to one server folder, not to a Gym root")
     try:
         require_nemo_gym()
         overrides = _overrides(settings)
@@ -107,9 +118,14 @@ def serve(
         sock = bind_socket(config.host, config.port)
         try:
             bound_host, bound_port = sock.getsockname()[:2]
-            overrides.update(host=bound_host, port=bound_port)
-            app = create_app(folder, server_urls=urls, config_key=config_key, **overrides)
-            click.echo(f"gymhost: serving {app.state.gymhost.name} at {url_of(sock)}")
+            if gateway:
+                app = create_gateway(folder, server_urls=urls)
+                mounts = ", ".join(route.path for route in app.router.routes if isinstance(route, Mount))
+                click.echo(f"gymhost: serving {Path(folder).resolve().name} at {url_of(sock)} (servers: {mounts})")
+            else:
+                overrides.update(host=bound_host, port=bound_port)
+                app = create_app(folder, server_urls=urls, config_key=config_key, **overrides)
+                click.echo(f"gymhost: serving {app.state.gymhost.name} at {url_of(sock)}")
             run_app(app, sock, config)
         finally:
             sock.close()

@@ -13,30 +13,12 @@ from typing import Any
 
 from agentenv_protocol.client import find_extension
 
+from .._app import GYM_ROUTE_NAMES as GYM_ROUTES
 from .._exceptions import GymhostError
 from ._tasks import ExtensionCriterion, Task
 
 __all__ = ["GYM_ROUTES", "CatalogError", "card_tools", "check_tasks", "policy_tools", "responses_tool"]
 
-# Paths a Gym resources server already serves (nemo-gym 0.4.0 and 0.7.0, liveness and docs included): a tool
-# of the same name would shadow or be shadowed by them.
-GYM_ROUTES = frozenset(
-    {
-        "seed_session",
-        "verify",
-        "close_session",
-        "aggregate_metrics",
-        "reverify_mode",
-        "mcp",
-        "health",
-        "healthz",
-        "livez",
-        "readyz",
-        "docs",
-        "redoc",
-        "ng-rollout",
-    }
-)
 # What OpenAI-style function names allow, which is also safe as one URL path segment.
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 

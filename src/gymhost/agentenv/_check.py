@@ -96,10 +96,26 @@ async def _play(
     transport: httpx.AsyncBaseTransport, row: dict[str, Any], calls: list[tuple[str, dict[str, Any]]], final_text: str
 ) -> dict[str, Any]:
     async with EpisodeClient(_BASE_URL, transport=transport) as episode:
-        await episode.seed(row)
-        for name, arguments in calls:
-            await episode.call_tool(name, arguments)
-        return await episode.verify(row, final_text)
+        try:
+            await episode.seed(row)
+            for name, arguments in calls:
+                await episode.call_tool(name, arguments)
+            return await episode.verify(row, final_text)
+        except httpx.HTTPStatusError as error:  # a seed the server refused (its 503 names the failure)
+            return _refused(error)
+
+
+def _refused(error: httpx.HTTPStatusError) -> dict[str, Any]:
+    try:
+        body = error.response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and "failure_kind" in body:
+        kind, reason = str(body["failure_kind"]), str(body.get("detail"))
+    else:
+        kind = "request_failed"
+        reason = f"{error.request.url.path} answered HTTP {error.response.status_code}: {error.response.text[:300]}"
+    return {"reward": 0.0, "mask_sample": True, "failure_kind": kind, "failure_reason": reason}
 
 
 def format_report(checks: list[RowCheck]) -> str:

@@ -28,11 +28,15 @@ from agentenv_protocol.client import ExtensionCallError, find_extension, find_ex
 
 from .._exceptions import GymhostError
 
-__all__ = ["DataPlaneError", "EnvClient", "EnvUnavailableError", "ExtensionError"]
+__all__ = ["DataPlaneError", "EnvClient", "EnvTimeoutError", "EnvUnavailableError", "ExtensionError"]
 
 
 class EnvUnavailableError(GymhostError):
     """The instance did not answer: connection refused or dropped, or too slow."""
+
+
+class EnvTimeoutError(EnvUnavailableError):
+    """The instance took longer than the timeout to answer."""
 
 
 class DataPlaneError(GymhostError):
@@ -145,7 +149,7 @@ class EnvClient:
         try:
             return await self._http.request(method, path, **kwargs)
         except httpx.TimeoutException as error:
-            raise EnvUnavailableError(f"{self.base_url}{path}: no answer in time ({type(error).__name__})") from error
+            raise EnvTimeoutError(f"{self.base_url}{path}: no answer in time ({type(error).__name__})") from error
         except httpx.TransportError as error:
             raise EnvUnavailableError(f"{self.base_url}{path}: {error!r}") from error
 

@@ -112,6 +112,9 @@ class BundleLauncher:
             raise StartupError(
                 f"{self.bundle}/env.py: instance {index} did not start within {self.startup_timeout:g}s"
             ) from None
+        except BaseException:  # cancelled while it starts: it must not outlive us
+            _kill_now(process)
+            raise
         words = line.decode(errors="replace").split()
         if len(words) != 2 or words[0] != READY:
             await _terminate(process)
@@ -125,6 +128,14 @@ class BundleLauncher:
         await instance.client.aclose()
         if instance.process is not None:
             await _terminate(instance.process)
+
+
+def _kill_now(process: asyncio.subprocess.Process) -> None:
+    """No await, so it also works in a task that is being cancelled; the exited process is reaped by asyncio."""
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    if process.stdin is not None:
+        process.stdin.close()
 
 
 async def _terminate(process: asyncio.subprocess.Process) -> None:
@@ -164,7 +175,11 @@ class Pool:
         if failures:
             await self.stop()
             raise failures[0] if isinstance(failures[0], GymhostError) else StartupError(repr(failures[0]))
-        cards = await asyncio.gather(*(instance.client.card() for instance in self.instances))
+        try:
+            cards = await asyncio.gather(*(instance.client.card() for instance in self.instances))
+        except BaseException:
+            await self.stop()
+            raise
         names = {card["name"] for card in cards}
         tools = {tuple(sorted(tool.get("name", "") for tool in _card_tools(card))) for card in cards}
         if len(names) > 1 or len(tools) > 1:
@@ -179,6 +194,8 @@ class Pool:
         return self.card
 
     async def lease(self) -> Instance:
+        if self._stopping:
+            raise PoolExhaustedError("the server is shutting down")
         try:
             instance = await asyncio.wait_for(self._free.get(), self.lease_timeout)
         except TimeoutError:
@@ -191,16 +208,29 @@ class Pool:
         return instance
 
     async def release(self, instance: Instance, *, healthy: bool) -> None:
-        """Reset the instance and make it free again; one that failed or will not reset goes to repair."""
+        """Reset the instance and make it free again; one that failed or will not reset goes to repair.
+
+        Whatever happens, even cancellation, the instance ends up free or in repair, never lost to the pool.
+        """
         instance.leased = False
         if healthy and not self._stopping:
             try:
                 await instance.client.reset()
-            except (EnvUnavailableError, DataPlaneError) as error:
+            except BaseException as error:
+                self._send_to_repair(instance)
+                if not isinstance(error, EnvUnavailableError | DataPlaneError):
+                    raise
                 logger.warning("environment instance %s did not reset after its episode: %s", instance.index, error)
             else:
                 self._free.put_nowait(instance)
-                return
+            return
+        self._send_to_repair(instance)
+
+    def begin_stop(self) -> None:
+        """From now on nothing is repaired or leased: the pool is going away."""
+        self._stopping = True
+
+    def _send_to_repair(self, instance: Instance) -> None:
         instance.healthy = False
         if not self._stopping:
             repair = asyncio.create_task(self._repair(instance), name=f"repair-instance-{instance.index}")
@@ -211,7 +241,7 @@ class Pool:
         return [instance.status() for instance in self.instances]
 
     async def stop(self) -> None:
-        self._stopping = True
+        self.begin_stop()
         for repair in list(self._repairs):
             repair.cancel()
         await asyncio.gather(*self._repairs, return_exceptions=True)

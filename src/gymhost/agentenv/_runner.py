@@ -1,8 +1,8 @@
 """Serve one instance of a bundle's environment on loopback: ``python -m gymhost.agentenv._runner BUNDLE``.
 
 The pool starts one of these per instance. The runner binds 127.0.0.1 port 0 itself and prints
-``gymhost-env-ready <port>`` as its first stdout line, so the parent learns the port without the race of picking a
-"free" port for someone else to bind. After that line, stdout is pointed at stderr: nobody reads the pipe any more.
+``gymhost-env-ready <port>`` as the only line on its stdout, so the parent learns the port without the race of
+picking a "free" port for someone else to bind. Everything else the environment prints goes to stderr.
 
 It exits when its stdin reaches end of file. The parent holds the other end and never writes, so when the parent
 dies, by any signal, the instance follows: no environment process outlives the server that started it.
@@ -63,6 +63,9 @@ def main(argv: list[str]) -> None:
     if len(argv) != 1:
         raise SystemExit("usage: python -m gymhost.agentenv._runner BUNDLE_FOLDER")
     threading.Thread(target=_exit_when_parent_goes, name="parent-watch", daemon=True).start()
+    # The pipe to the parent carries one line, READY <port>; whatever the environment prints goes to stderr.
+    ready = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     # FastMCP configures INFO logging of every MCP request unless logging is configured first.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
@@ -73,8 +76,8 @@ def main(argv: list[str]) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     sock.listen(1024)
-    print(f"{READY} {sock.getsockname()[1]}", flush=True)
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    ready.write(f"{READY} {sock.getsockname()[1]}\n")
+    ready.close()
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
     server.run(sockets=[sock])
 

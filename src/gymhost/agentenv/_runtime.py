@@ -15,16 +15,16 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Coroutine, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from agentenv_protocol import ToolSession, ToolSessionError
 
 from .._exceptions import GymhostError
 from ._catalog import check_tasks, policy_tools
-from ._env_client import DataPlaneError, EnvUnavailableError, ExtensionError
+from ._env_client import DataPlaneError, EnvTimeoutError, EnvUnavailableError
 from ._grading import CriterionResult, evaluate, extension_score, merge_state
 from ._pool import Instance, Pool, PoolExhaustedError, StartupError
 from ._tasks import ExtensionCriterion, StateCriterion, Task
@@ -51,6 +51,9 @@ SESSION_EXPIRED = "session_expired"
 VERIFIER_ERROR = "verifier_error"
 SHUTDOWN = "shutdown"
 DATA_PLANE_ERROR = "agentenv:data_plane_error"
+INTERNAL_ERROR = "agentenv:internal_error"
+
+T = TypeVar("T")
 
 _REMEMBERED = 65536  # closed session ids and recent verdicts kept, so retries get the same answer
 
@@ -94,7 +97,7 @@ class RuntimeSettings:
     environment: str
     role: str | None = None
     tool_timeout: float = 60.0
-    idle_timeout: float = 900.0
+    idle_timeout: float = 300.0
 
 
 @dataclass(eq=False)
@@ -111,6 +114,10 @@ class Episode:
 
 
 class Runtime:
+    """Every state change of an episode (seed, verify, close, expiry) runs under the episode's lock and in a task of
+    its own that the request only awaits: a client that disconnects mid-call (nemo-gym 0.5+ cancels the handler)
+    leaves the episode seeded or failed, verified or not, never half of either, and its instance accounted for."""
+
     def __init__(self, pool: Pool, tasks: dict[str, list[Task]], settings: RuntimeSettings) -> None:
         self.pool = pool
         self.tasks = tasks
@@ -120,6 +127,7 @@ class Runtime:
         self._episodes: dict[str, Episode] = {}
         self._closed: OrderedDict[str, None] = OrderedDict()
         self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
+        self._work: set[asyncio.Task[Any]] = set()
         self._reaper: asyncio.Task[None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -147,12 +155,14 @@ class Runtime:
         self._reaper = asyncio.create_task(self._reap_idle(), name="gymhost-episode-reaper")
 
     async def stop(self) -> None:
-        if self._reaper is not None:
-            self._reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reaper
-        for key in list(self._episodes):
-            await self._end(key, Failure(SHUTDOWN, "the server shut down before the episode was verified"))
+        """End every episode and stop the instances. By now the ASGI server has finished its requests; state
+        changes still running belong to requests whose clients left, and are cut short."""
+        self.pool.begin_stop()
+        for task in [*self._work, *([self._reaper] if self._reaper else [])]:
+            task.cancel()
+        await asyncio.gather(*self._work, *([self._reaper] if self._reaper else []), return_exceptions=True)
+        for episode in list(self._episodes.values()):
+            await self._end(episode, Failure(SHUTDOWN, "the server shut down before the episode was verified"))
         await self.pool.stop()
 
     def status(self) -> dict[str, Any]:
@@ -176,39 +186,23 @@ class Runtime:
 
     async def seed(self, key: str, split: str | None, task_id: str, identity: Hashable | None = None) -> Episode:
         """Start the episode for session ``key``. Repeating a seed for the same task and identity is a no-op."""
+        split, task = self.find_task(split, task_id)
+        while (existing := self._episodes.get(key)) is not None:
+            if existing.task is not task or existing.identity != identity:
+                other = " and another episode" if existing.identity != identity else ""
+                raise SessionConflictError(f"session {key} is already seeded with task {existing.task.id!r}{other}")
+            async with existing.lock:  # a seed still in progress finishes first
+                if self._episodes.get(key) is not existing:
+                    continue  # it ended meanwhile; look again
+                if existing.failure is None:
+                    return existing
+                await self._shielded(self._teardown(existing, None))  # that seed failed: this one tries again
         if key in self._closed:
             raise SessionConflictError(f"session {key} was closed; a new episode needs a new session")
-        split, task = self.find_task(split, task_id)
-        existing = self._episodes.get(key)
-        if existing is not None:
-            if existing.task is task and existing.identity == identity:
-                async with existing.lock:  # a seed still in progress finishes first
-                    if existing.failure is None or existing.instance is not None:
-                        return existing
-                await self._end(key, None)  # the earlier seed failed: this one tries again
-            else:
-                raise SessionConflictError(
-                    f"session {key} is already seeded with task {existing.task.id!r}"
-                    + (" and another episode" if existing.identity != identity else "")
-                )
         episode = Episode(key, split, task, identity)
         self._episodes[key] = episode
         self._verdicts.pop(key, None)
-        async with episode.lock:
-            try:
-                episode.instance = await self.pool.lease()
-                client = episode.instance.client
-                await client.reset()
-                if task.seed.parts:
-                    await client.add([part.model_dump(mode="json", exclude_none=True) for part in task.seed.parts])
-                episode.tools = await client.tool_session(
-                    self.card, role=self.settings.role, timeout=self.settings.tool_timeout
-                ).open()
-            except Exception as error:
-                episode.failure = _failure(error, stage="seed")
-                logger.warning("seeding task %r failed: %s", task.id, episode.failure.reason)
-                await self._release(episode)
-        return episode
+        return await self._shielded(self._seed(episode))
 
     async def call_tool(self, key: str, name: str, arguments: dict[str, Any]) -> Reply:
         episode = self._episodes.get(key)
@@ -230,29 +224,63 @@ class Runtime:
         """Grade the episode, then tear it down. A repeated verify answers the first verdict again."""
         episode = self._episodes.get(key)
         if episode is None:
-            remembered = self._verdicts.get(key)
-            if remembered is not None:
-                return remembered
-            return Verdict.masked(
-                None,
-                Failure(SESSION_LOST, "no episode for this session: it was never seeded, or was closed or expired"),
-            )
+            return self._verdict_after_the_fact(key)
+        return await self._shielded(self._verify(episode, final_text))
+
+    async def close(self, key: str) -> None:
+        """End the session's episode without grading it; later seeds on the same session are refused."""
+        self._remember(self._closed, key, None)
+        episode = self._episodes.get(key)
+        if episode is not None:
+            await self._shielded(self._end(episode, None))
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    async def _shielded(self, work: Coroutine[Any, Any, T]) -> T:
+        task = asyncio.create_task(work)
+        self._work.add(task)
+        task.add_done_callback(self._work.discard)
+        return await asyncio.shield(task)
+
+    async def _seed(self, episode: Episode) -> Episode:
         async with episode.lock:
+            try:
+                episode.instance = await self.pool.lease()
+                client = episode.instance.client
+                await client.reset()
+                if episode.task.seed.parts:
+                    parts = [part.model_dump(mode="json", exclude_none=True) for part in episode.task.seed.parts]
+                    await client.add(parts)
+                episode.tools = await client.tool_session(
+                    self.card, role=self.settings.role, timeout=self.settings.tool_timeout
+                ).open()
+            except Exception as error:
+                episode.failure = _failure(error, stage="seed")
+                logger.warning("seeding task %r failed: %s", episode.task.id, episode.failure.reason)
+                await self._release(episode)
+            if episode.key in self._closed and episode.failure is None:  # closed while seeding: close tears it down
+                episode.failure = Failure(SESSION_LOST, "the session was closed while its episode was being seeded")
+        return episode
+
+    async def _verify(self, episode: Episode, final_text: str) -> Verdict:
+        async with episode.lock:
+            if self._episodes.get(episode.key) is not episode:  # verified, closed or expired while we waited
+                return self._verdict_after_the_fact(episode.key)
             if episode.failure is not None:
                 verdict = Verdict.masked(episode.task.id, episode.failure)
             else:
                 verdict = await self._grade(episode, final_text)
-        await self._end(key, verdict.failure)
-        self._remember(self._verdicts, key, verdict)
+            self._remember(self._verdicts, episode.key, verdict)
+            await self._teardown(episode, verdict.failure)
         return verdict
 
-    async def close(self, key: str) -> None:
-        """End the session's episode without grading it; later seeds on the same session are refused."""
-        if key in self._episodes:
-            await self._end(key, None)
-        self._remember(self._closed, key, None)
-
-    # -- internals ----------------------------------------------------------------------------------------------
+    def _verdict_after_the_fact(self, key: str) -> Verdict:
+        remembered = self._verdicts.get(key)
+        if remembered is not None:
+            return remembered
+        return Verdict.masked(
+            None, Failure(SESSION_LOST, "no episode for this session: it was never seeded, or was closed or expired")
+        )
 
     async def _grade(self, episode: Episode, final_text: str) -> Verdict:
         assert episode.instance is not None
@@ -273,16 +301,20 @@ class Runtime:
         outcome = evaluate(grading, state=state, extension_scores=scores, final_text=final_text)
         return Verdict(episode.task.id, outcome.reward, outcome.results)
 
-    async def _end(self, key: str, failure: Failure | None) -> None:
-        episode = self._episodes.pop(key, None)
-        if episode is None:
-            return
+    async def _end(self, episode: Episode, failure: Failure | None) -> None:
+        async with episode.lock:
+            await self._teardown(episode, failure)
+
+    async def _teardown(self, episode: Episode, failure: Failure | None) -> None:
+        """With the episode's lock held: forget it, close its MCP session, release its instance."""
+        if self._episodes.get(episode.key) is episode:
+            del self._episodes[episode.key]
         if failure is not None and episode.failure is None:
             episode.failure = failure
         if episode.tools is not None:
+            tools, episode.tools = episode.tools, None
             with contextlib.suppress(Exception):
-                await episode.tools.close()
-            episode.tools = None
+                await tools.close()
         await self._release(episode)
 
     async def _release(self, episode: Episode) -> None:
@@ -293,17 +325,17 @@ class Runtime:
         await self.pool.release(instance, healthy=not broken)
 
     async def _reap_idle(self) -> None:
-        """End episodes nobody touched for ``idle_timeout``: a trainer that died mid-episode must not hold an
-        instance forever. A late verify of such an episode is answered masked (``session_expired``)."""
-        interval = max(1.0, min(30.0, self.settings.idle_timeout / 4))
+        """End episodes nobody touched for ``idle_timeout``: a trainer that gave up mid-episode (verifiers never
+        calls /close_session) must not hold an instance forever. A late verify is answered ``session_expired``."""
+        interval = max(0.25, min(30.0, self.settings.idle_timeout / 4))
         while True:
             await asyncio.sleep(interval)
             cutoff = time.monotonic() - self.settings.idle_timeout
-            for key, episode in list(self._episodes.items()):
+            for episode in list(self._episodes.values()):
                 if episode.last_used < cutoff and not episode.lock.locked():
                     failure = Failure(SESSION_EXPIRED, f"no call for {self.settings.idle_timeout:g}s")
-                    await self._end(key, failure)
-                    self._remember(self._verdicts, key, Verdict.masked(episode.task.id, failure))
+                    self._remember(self._verdicts, episode.key, Verdict.masked(episode.task.id, failure))
+                    await self._shielded(self._end(episode, failure))
 
     @staticmethod
     def _remember(store: OrderedDict[str, Any], key: str, value: Any) -> None:
@@ -318,7 +350,7 @@ def _failure(error: BaseException, *, stage: str) -> Failure:
     reason = f"{stage}: {error}"
     if isinstance(error, PoolExhaustedError):
         return Failure(NO_INSTANCE, reason)
-    if isinstance(error, TimeoutError | httpx.TimeoutException):
+    if isinstance(error, TimeoutError | httpx.TimeoutException | EnvTimeoutError):
         return Failure(TIMEOUT, reason)
     if isinstance(error, EnvUnavailableError | httpx.TransportError):
         return Failure(UNREACHABLE, reason)
@@ -326,6 +358,6 @@ def _failure(error: BaseException, *, stage: str) -> Failure:
         return Failure(SESSION_LOST, reason)
     if isinstance(error, DataPlaneError):
         return Failure(DATA_PLANE_ERROR, reason)
-    if isinstance(error, ExtensionError | ValueError):
+    if stage == "grading":  # a grade extension that failed, or answered no score
         return Failure(VERIFIER_ERROR, reason)
-    return Failure(VERIFIER_ERROR if stage == "grading" else UNREACHABLE, f"{stage}: {error!r}")
+    return Failure(INTERNAL_ERROR, f"{stage}: {error!r}")

@@ -48,11 +48,12 @@ class AgentEnvResourcesServerConfig(gym.BaseResourcesServerConfig):  # type: ign
     source: SourceConfig
     tasks: str = Field(default="tasks", description="Folder of <split>.jsonl task files, relative to the server folder")
     role: str | None = Field(default=None, description="AgentEnv-Role header for tool calls")
-    lease_timeout_s: float = Field(default=60.0, gt=0)
+    # Below verifiers' default request timeout (60 s), so a seed that finds no instance fails while its client waits.
+    lease_timeout_s: float = Field(default=30.0, gt=0)
     tool_timeout_s: float = Field(default=60.0, gt=0)
     data_timeout_s: float = Field(default=30.0, gt=0)
     startup_timeout_s: float = Field(default=60.0, gt=0)
-    idle_timeout_s: float = Field(default=900.0, gt=0)
+    idle_timeout_s: float = Field(default=300.0, gt=0)
 
 
 class AgentEnvSeedRequest(gym.BaseSeedSessionRequest):  # type: ignore[misc]
@@ -272,8 +273,11 @@ def _final_text(response: Any) -> str:
     return ""
 
 
+_ANSWER_FIELDS = ("reward", "mask_sample", "failure_kind", "failure_reason", "criteria")
+
+
 def _verify_response(body: AgentEnvVerifyRequest, verdict: Verdict) -> AgentEnvVerifyResponse:
-    fields = body.model_dump()
+    fields = {key: value for key, value in body.model_dump().items() if key not in _ANSWER_FIELDS}
     fields["task_id"] = body.task_id or verdict.task_id
     return AgentEnvVerifyResponse(
         **fields,

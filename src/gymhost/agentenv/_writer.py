@@ -215,11 +215,11 @@ def _config_yaml(name: str, source: Source, instances: int, tasks_path: str, row
 {source_block}
       tasks: {q(tasks_path)}
       role: null
-      lease_timeout_s: 60
+      lease_timeout_s: 30
       tool_timeout_s: 60
       data_timeout_s: 30
       startup_timeout_s: 60
-      idle_timeout_s: 900
+      idle_timeout_s: 300
 {name}_simple_agent:
   responses_api_agents:
     simple_agent:

@@ -1,0 +1,118 @@
+"""One process, many Gym servers: gymhost apps mounted under path prefixes.
+
+Starlette runs the lifespan of the top app only, so a mounted Gym app never starts what its lifespan starts (Gym's
+MCP session manager, a written agent environment's instances, the outbound HTTP client). ``mounted_lifespan``
+is the missing piece: a lifespan that runs the lifespans of everything mounted on the app. ``create_gateway``
+builds a FastAPI app with it, one mount per folder, and a root page listing the servers and their tools.
+
+Each mounted app keeps its sessions to itself: its cookie's path is its prefix and its signature is salted with it
+(see ``_sessions``), so one client with one cookie jar can play episodes on every mount at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from starlette.routing import Mount
+
+from ._app import GYM_ROUTE_NAMES, create_app
+from ._exceptions import FolderError, GymhostError
+
+__all__ = ["GatewayError", "create_gateway", "find_servers", "is_gym_root", "mounted_lifespan"]
+
+
+class GatewayError(GymhostError):
+    """The servers cannot be mounted together: a bad prefix, or folders that cannot share a process."""
+
+
+@asynccontextmanager
+async def mounted_lifespan(app: Any) -> AsyncIterator[None]:
+    """Run the lifespans of the apps mounted on ``app``, in mount order, and stop them in reverse.
+
+    ``FastAPI(lifespan=mounted_lifespan)``, then ``app.mount("/x", create_app(folder))``. Mounts are read when the
+    lifespan starts; an app mounted later runs without its lifespan. To combine with a lifespan of your own,
+    ``async with mounted_lifespan(app): ...`` inside it.
+    """
+    async with AsyncExitStack() as stack:
+        for route in app.router.routes:
+            child = route.app if isinstance(route, Mount) else None
+            context = getattr(getattr(child, "router", None), "lifespan_context", None)
+            if context is not None:
+                await stack.enter_async_context(context(child))
+        yield
+
+
+def is_gym_root(path: str | Path) -> bool:
+    """A folder holding ``resources_servers/<name>/`` folders, as ``gymhost write`` and Gym itself lay them out."""
+    return (Path(path) / "resources_servers").is_dir()
+
+
+def find_servers(root: str | Path) -> dict[str, Path]:
+    """``/<name>`` for each ``root/resources_servers/<name>/`` that has configs, in name order."""
+    base = Path(root).expanduser().resolve() / "resources_servers"
+    if not base.is_dir():
+        raise FolderError(f"{base}: no such folder; expected a Gym root holding resources_servers/<name>/ folders")
+    folders = {
+        f"/{p.name}": p for p in sorted(base.iterdir()) if (p / "configs").is_dir() and not p.name.startswith(".")
+    }
+    if not folders:
+        raise FolderError(f"{base}: no resources-server folders (folders with configs/) in it")
+    return folders
+
+
+def create_gateway(
+    servers: Mapping[str, str | Path | Any] | str | Path,
+    *,
+    server_urls: Mapping[str, str] | None = None,
+) -> Any:
+    """A FastAPI app with each server mounted at its prefix and their lifespans run by its own.
+
+    ``servers`` maps prefixes (``"/gridsim"``) to folders or to apps already built with ``create_app``; a path
+    instead of a mapping is a Gym root, every ``resources_servers/<name>/`` mounted at ``/<name>``. The result is an
+    ordinary FastAPI app: add routes, middleware or more mounts to it. ``GET /`` lists the servers and their tools.
+    """
+    from fastapi import FastAPI
+
+    from ._requirements import conflicts
+
+    mapping = find_servers(servers) if isinstance(servers, str | Path) else dict(servers)
+    for prefix in mapping:
+        if not prefix.startswith("/") or prefix.endswith("/") or prefix.count("/") != 1:
+            raise GatewayError(f"prefix {prefix!r}: expected one path segment, like '/gridsim'")
+    folders = {prefix: Path(value).resolve() for prefix, value in mapping.items() if isinstance(value, str | Path)}
+    problems = conflicts(folders)
+    if problems:
+        raise GatewayError("these servers cannot share one process: " + "; ".join(problems))
+
+    gateway = FastAPI(title="gymhost gateway", lifespan=mounted_lifespan)
+    mounted: dict[str, Any] = {}
+    for prefix, value in mapping.items():
+        app = create_app(value, server_urls=server_urls) if isinstance(value, str | Path) else value
+        mounted[prefix] = app
+        gateway.mount(prefix, app)
+
+    @gateway.get("/", summary="The servers mounted here and their tools")
+    async def index() -> dict[str, Any]:
+        return {"servers": [_describe(prefix, app) for prefix, app in mounted.items()]}
+
+    return gateway
+
+
+def _describe(prefix: str, app: Any) -> dict[str, Any]:
+    hosted = getattr(app.state, "gymhost", None)
+    tools = sorted(
+        route.path.lstrip("/")
+        for route in app.router.routes
+        if "POST" in (getattr(route, "methods", None) or ())
+        and route.path.count("/") == 1
+        and route.path.lstrip("/") not in GYM_ROUTE_NAMES
+    )
+    return {
+        "prefix": prefix,
+        "name": hosted.name if hosted is not None else None,
+        "folder": str(hosted.spec.folder) if hosted is not None else None,
+        "tools": tools,
+    }

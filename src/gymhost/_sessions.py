@@ -1,0 +1,114 @@
+"""Gym's session cookie, kept apart per mount and signed with a secret nobody can read off the code.
+
+NeMo Gym sessions are a Starlette ``SessionMiddleware`` cookie named ``<Class>___<config name>``, signed with that
+same string as the secret, at ``path=/``, plus a function middleware that puts a ``session_id`` in every session.
+Three things follow: anyone can forge a session (the secret is public), a cookie jar sends every mounted server's
+cookie to every other mount, and the same server mounted twice shares one session.
+
+``SessionMiddleware`` here replaces both of Gym's middlewares with one pure-ASGI class:
+
+- the cookie keeps Gym's name, so clients that keep the cookies of ``/seed_session`` work unchanged;
+- its path is the mount prefix (``scope["root_path"]``), so a cookie goes back only to the server that set it;
+- it is signed with ``GYMHOST_SECRET`` (or a random secret made once per process) and salted with the mount
+  prefix, so a cookie from one mount, or one signed with Gym's public key, starts a new session instead;
+- every session gets a ``session_id``, and the cookie is sent on every response, as Gym's middleware does.
+
+Several workers or replicas behind one load balancer must share ``GYMHOST_SECRET``, or each refuses the others'
+cookies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from base64 import b64decode, b64encode
+from typing import Any, Literal
+from uuid import uuid4
+
+import itsdangerous
+from itsdangerous.exc import BadSignature
+from starlette.datastructures import MutableHeaders
+from starlette.middleware.sessions import Session
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["SECRET_ENV_VAR", "SESSION_ID_KEY", "SessionMiddleware", "process_secret"]
+
+SECRET_ENV_VAR = "GYMHOST_SECRET"
+SESSION_ID_KEY = "session_id"  # nemo_gym.server_utils.SESSION_ID_KEY
+_SALT = "gymhost.session"
+
+_random_secret: str | None = None
+
+
+def process_secret() -> str:
+    """``GYMHOST_SECRET``, else a random secret made on first use and kept for the life of the process."""
+    global _random_secret
+    configured = os.environ.get(SECRET_ENV_VAR)
+    if configured:
+        return configured
+    if _random_secret is None:
+        _random_secret = secrets.token_urlsafe(32)
+    return _random_secret
+
+
+class SessionMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        cookie_name: str,
+        secret: str | None = None,
+        max_age: int | None = 14 * 24 * 60 * 60,
+        same_site: Literal["lax", "strict", "none"] = "lax",
+        https_only: bool = False,
+    ) -> None:
+        self.app = app
+        self.cookie_name = cookie_name
+        self.secret = secret or process_secret()
+        self.max_age = max_age
+        self.flags = f"httponly; samesite={same_site}" + ("; secure" if https_only else "")
+        self._signers: dict[str, itsdangerous.TimestampSigner] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        mount = scope.get("root_path") or ""
+        signer = self._signer(mount)
+        session = Session(self._load(scope, signer))
+        if SESSION_ID_KEY not in session:
+            session[SESSION_ID_KEY] = str(uuid4())
+        scope["session"] = session
+        cookie_path = mount or "/"
+
+        async def send_with_cookie(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                current: dict[str, Any] = scope["session"]
+                if current:
+                    value = signer.sign(b64encode(json.dumps(current).encode())).decode()
+                    max_age = f"Max-Age={self.max_age}; " if self.max_age is not None else ""
+                    headers = MutableHeaders(scope=message)
+                    headers.append(
+                        "Set-Cookie", f"{self.cookie_name}={value}; path={cookie_path}; {max_age}{self.flags}"
+                    )
+            await send(message)
+
+        await self.app(scope, receive, send_with_cookie)
+
+    def _signer(self, mount: str) -> itsdangerous.TimestampSigner:
+        signer = self._signers.get(mount)
+        if signer is None:
+            signer = self._signers[mount] = itsdangerous.TimestampSigner(self.secret, salt=f"{_SALT}:{mount}")
+        return signer
+
+    def _load(self, scope: Scope, signer: itsdangerous.TimestampSigner) -> dict[str, Any]:
+        raw = HTTPConnection(scope).cookies.get(self.cookie_name)
+        if not raw:
+            return {}
+        try:
+            data = json.loads(b64decode(signer.unsign(raw.encode(), max_age=self.max_age)))
+        except (BadSignature, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
