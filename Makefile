@@ -1,5 +1,6 @@
 # make test: bootstrap every venv this project needs, then ruff, mypy and every test tier.
 # make demo: write the gridsim bundle as a Gym server, serve it, play its rows like verifiers, print rewards, stop.
+# make bench: the benchmarks (benchmarks/README.md).
 #
 # Three venvs, because the tiers cannot share one:
 #   .venv        Python 3.12, gymhost without nemo-gym or omegaconf: proves the base install works alone.
@@ -22,7 +23,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test lint typecheck test-unit test-gym04 test-gym07 demo schema clean check-pythons
+.PHONY: test lint typecheck test-unit test-gym04 test-gym07 demo schema bench bench-quick clean check-pythons
 
 check-pythons:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -69,6 +70,15 @@ schema: .venv/.installed
 
 demo: .venv-gym04/.installed
 	.venv-gym04/bin/python examples/demo.py
+
+# Benchmarks use nemo-gym 0.7.0 (the current release) and wrk (Debian package) as the load generator.
+bench: .venv-gym07/.installed
+	@command -v wrk >/dev/null || apt-get install -y -q wrk
+	cd benchmarks && ../.venv-gym07/bin/python run.py
+
+bench-quick: .venv-gym07/.installed
+	@command -v wrk >/dev/null || apt-get install -y -q wrk
+	cd benchmarks && ../.venv-gym07/bin/python run.py --quick
 
 clean:
 	rm -rf .venv .venv-gym04 .venv-gym07 .pytest_cache .mypy_cache .ruff_cache

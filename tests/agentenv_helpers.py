@@ -51,6 +51,12 @@ class CounterEnv(AgentEnvEnvironment):
         self.count += by
         return {"count": self.count}
 
+    @tool(name="stall")
+    async def stall(self, seconds: float) -> dict[str, Any]:
+        """Take a while: an instance that stops answering."""
+        await asyncio.sleep(seconds)
+        return {"count": self.count}
+
     @tool(name="peek_answers", hidden_by_default=True)
     async def peek(self) -> dict[str, Any]:
         """Plumbing a task driver uses; never the model's."""

@@ -29,14 +29,29 @@ BASE = "http://gymhost.test"
 TASKS: dict[str, Task] = {task.id: task for task in load_tasks(GRIDSIM / "tasks" / "eval.jsonl")}
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def write_and_move(tmp_path_factory: pytest.TempPathFactory, mode: str) -> Path:
     """gridsim written into one root, then moved to another: a written folder is relocatable."""
-    written = write_folder(str(GRIDSIM), tmp_path_factory.mktemp("written")).path
+    written = write_folder(str(GRIDSIM), tmp_path_factory.mktemp("written"), mode=mode).path
     moved = tmp_path_factory.mktemp("moved") / "resources_servers" / "gridsim_v1"
     moved.parent.mkdir()
     shutil.move(written, moved)
     return moved
+
+
+@pytest.fixture(scope="module", params=["process", "in_process"])
+def mode(request: pytest.FixtureRequest) -> str:
+    """The same tests for both instance modes: loopback processes, and instances inside the server."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def folder(mode: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_and_move(tmp_path_factory, mode)
+
+
+@pytest.fixture(scope="module")
+def process_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_and_move(tmp_path_factory, "process")
 
 
 def row_for(folder: Path, task_id: str) -> dict[str, Any]:
@@ -70,12 +85,10 @@ async def pool(base: str, transport: httpx.AsyncBaseTransport | None = None) -> 
         return answer
 
 
-async def instance_state(url: str) -> dict[str, Any]:
-    async with httpx.AsyncClient() as client:
-        reply = await client.post(
-            f"{url}/agentenv", json={"jsonrpc": "2.0", "id": 1, "method": "data/get", "params": {}}
-        )
-        state: dict[str, Any] = reply.json()["result"]["parts"][0]["data"]
+async def instance_state(base: str, index: int, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
+    """An instance's data/get, read through the server (in-process instances have no address of their own)."""
+    async with httpx.AsyncClient(base_url=base, transport=transport) as client:
+        state: dict[str, Any] = (await client.get(f"/agentenv/pool/{index}")).json()["data"]
         return state
 
 
@@ -92,7 +105,7 @@ async def test_end_to_end_from_inside_the_written_folder(folder: Path) -> None:
         assert [instance["state"] for instance in status["instances"]] == ["free"] * 4
         assert sum(instance["episodes"] for instance in status["instances"]) == 3
         for instance in status["instances"]:  # released instances were reset: no grid loaded
-            assert await instance_state(instance["url"]) == {"loaded": False}
+            assert await instance_state(server.url, instance["index"]) == {"loaded": False}
     assert_stopped_cleanly(server)
 
 
@@ -126,7 +139,8 @@ async def test_tool_errors_are_outputs_for_the_model(folder: Path) -> None:
         assert (answer["reward"], answer["mask_sample"]) == (0.0, False)
 
 
-async def test_killing_the_leased_instance_masks_the_episode_and_the_pool_recovers(folder: Path) -> None:
+async def test_killing_the_leased_instance_masks_the_episode_and_the_pool_recovers(process_folder: Path) -> None:
+    folder = process_folder
     one_instance = {"source": {"instances": 1}}
     async with served(folder, **one_instance) as transport:
         row = row_for(folder, "maze")
@@ -193,7 +207,7 @@ async def test_close_session_tears_the_episode_down(folder: Path) -> None:
         assert (await episode.post("/close_session", {})).status_code == 200
         status = await pool(BASE, transport)
         assert (status["open_episodes"], status["instances"][0]["state"]) == (0, "free")
-        assert await instance_state(status["instances"][0]["url"]) == {"loaded": False}
+        assert await instance_state(BASE, 0, transport) == {"loaded": False}
         answer = await episode.verify(row)
         assert (answer["mask_sample"], answer["failure_kind"]) == (True, "session_lost")
         assert (await episode.post("/seed_session", row)).status_code == 409
@@ -293,10 +307,10 @@ async def test_startup_refuses_another_environment(folder: Path) -> None:
             pass
 
 
-def test_no_instance_outlives_the_server(folder: Path) -> None:
+def test_no_instance_outlives_the_server(process_folder: Path) -> None:
     """SIGTERM stops every instance; so does SIGKILL, through the instances' death pipe."""
     for stop in (signal.SIGTERM, signal.SIGKILL):
-        with serving(gymhost_command("serve", str(folder), "--port", "0")) as server:
+        with serving(gymhost_command("serve", str(process_folder), "--port", "0")) as server:
             pids = [i["pid"] for i in httpx.get(f"{server.url}/agentenv/pool").json()["instances"]]
             assert all(_alive(pid) for pid in pids)
             server.process.send_signal(stop)
@@ -369,3 +383,29 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited; it only waits for its parent to reap it
         return stat.read().split()[2] != "Z"
+
+
+async def test_a_tool_that_hangs_times_out_masked_and_its_instance_is_replaced(mode: str, tmp_path: Path) -> None:
+    """The failure both modes share: an instance that stops answering. In-process instances cannot be killed on
+    their own; a tool that outlives tool_timeout_s is how one breaks."""
+    from .agentenv_helpers import make_bundle
+
+    written = (await awrite_folder(str(make_bundle(tmp_path)), tmp_path / "root", mode=mode, instances=1)).path
+    the_row = rows(written)[0]
+    async with served(written, tool_timeout_s=0.5) as transport:
+        episode = EpisodeClient(BASE, transport=transport)
+        await episode.seed(the_row)
+        before = (await pool(BASE, transport))["instances"][0]
+        stalled = await episode.call_tool("stall", {"seconds": 3})
+        assert stalled.status_code == 503
+        assert "did not answer within 0.5s" in stalled.text
+        answer = await episode.verify(the_row)
+        assert (answer["mask_sample"], answer["failure_kind"]) == (True, "transport_timeout")
+        episode = EpisodeClient(BASE, transport=transport)
+        await episode.seed(the_row)
+        await episode.call_tool("increment", {"by": 2})
+        assert (await episode.verify(the_row))["reward"] == 1.0
+        after = (await pool(BASE, transport))["instances"][0]
+        assert after["episodes"] == before["episodes"] + 1
+        if mode == "process":
+            assert after["pid"] != before["pid"]  # a new process replaced the one that stopped answering

@@ -54,7 +54,7 @@ def test_the_config_has_the_server_an_agent_and_an_environment_server(written: P
     for line in [
         "gridsim_v1_resources_server:\n  resources_servers:\n    gridsim_v1:\n      entrypoint: app.py",
         '      environment: "gridsim"',
-        "        kind: bundle\n        path: bundle\n        instances: 4",
+        "        kind: bundle\n        path: bundle\n        mode: process\n        instances: 4",
         '      tasks: "bundle/tasks"',
         "gridsim_v1_simple_agent:\n  responses_api_agents:\n    simple_agent:",
         "        name: gridsim_v1_resources_server",
@@ -89,10 +89,10 @@ def test_rewriting_is_refused_without_force(written: Path) -> None:
 def test_force_replaces_the_whole_folder(tmp_path: Path) -> None:
     first = write_folder(str(GRIDSIM), tmp_path).path
     (first / "stale.txt").write_text("left over")
-    again = write_folder(str(GRIDSIM), tmp_path, force=True, instances=2).path
+    again = write_folder(str(GRIDSIM), tmp_path, force=True, instances=2, mode="in-process").path
     assert again == first
     assert not (again / "stale.txt").exists()
-    assert "instances: 2" in (again / "configs" / "gridsim_v1.yaml").read_text()
+    assert "        mode: in_process\n        instances: 2" in (again / "configs" / "gridsim_v1.yaml").read_text()
     assert sorted(p.name for p in again.parent.iterdir()) == ["gridsim_v1"]  # no scratch folders left behind
 
 
@@ -105,7 +105,7 @@ def test_a_bundle_is_copied_so_the_folder_outlives_it(tmp_path: Path) -> None:
 
 def test_hidden_tools_are_left_out_of_the_rows(tmp_path: Path) -> None:
     folder = write_folder(str(make_bundle(tmp_path)), tmp_path / "root").path
-    assert [tool["name"] for tool in rows(folder)[0]["responses_create_params"]["tools"]] == ["increment"]
+    assert [tool["name"] for tool in rows(folder)[0]["responses_create_params"]["tools"]] == ["increment", "stall"]
 
 
 def test_a_solution_calling_a_hidden_tool_is_refused(tmp_path: Path) -> None:

@@ -144,3 +144,33 @@ async def test_serve_takes_server_urls_on_the_command_line(judged_folder: Path, 
         async with EpisodeClient(process.url) as episode:
             await episode.seed(ROW)
             assert (await episode.verify(ROW, "done"))["reward"] == 0.75
+
+
+async def test_a_judge_that_answers_an_error_is_reported_as_gym_reports_it(judged_folder: Path) -> None:
+    """Gym's exception middleware answer for a failed inner call, kept by gymhost's pure-ASGI replacement."""
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def broken(request: object) -> PlainTextResponse:
+        return PlainTextResponse("judge overloaded", status_code=503)
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            Starlette(routes=[Route("/v1/responses", broken, methods=["POST"])]), port=port, log_level="warning"
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        response = await _verify(create_app(judged_folder, server_urls={"judge_model": f"http://127.0.0.1:{port}"}))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert response.status_code == 500
+    assert json.loads(response.text) == (
+        "Hit an exception in JudgedServer___judged calling an inner server: b'judge overloaded'"
+    )

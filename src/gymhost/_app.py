@@ -3,7 +3,7 @@
 This is the app-building half of Gym's ``SimpleServer.run_webserver``, in the same order, without its process
 side effects: no Ray, no head server, no ``uvicorn.run``, no ulimit or stdout patching, no telemetry. What is
 left is a FastAPI app that any ASGI server can run and any router can mount: its session cookie is scoped to its
-mount and signed with a real secret (``_mountable``, ``_sessions``).
+mount and signed with a real secret, and Gym's function middlewares are pure ASGI (``_gym_middleware``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._exceptions import FolderError
 from ._folder import ServerSpec, load_server_spec
+from ._logging import fastmcp_leaves_logging_alone
 from ._nemo_gym import require_nemo_gym
 
 if TYPE_CHECKING:
@@ -78,7 +79,9 @@ def create_app(
     """
     version = require_nemo_gym()
     from ._entrypoint import find_server_class, import_entrypoint
-    from ._mountable import (
+    from ._gym_middleware import (
+        install_disconnect_cancellation,
+        install_exception_middleware,
         install_sessions,
         mount_safe_rollout_paths,
         secret_mcp_tokens,
@@ -98,7 +101,8 @@ def create_app(
     except Exception as error:
         raise FolderError(f"{spec.where()}: building {server_class.__name__} failed: {error!r}") from error
 
-    app: FastAPI = server.setup_webserver()
+    with fastmcp_leaves_logging_alone():  # nemo-gym 0.4.0's MCP servers build a FastMCP app here
+        app: FastAPI = server.setup_webserver()
     if getattr(config, "expose_tools_over_mcp", False):
         # nemo-gym >= 0.5 moved MCP out of the server classes into this launch-time step.
         from nemo_gym.mcp_auto_exposure import maybe_auto_expose
@@ -111,6 +115,8 @@ def create_app(
     if hasattr(server, "setup_cancellation_middleware"):  # 0.5+: outermost, as run_webserver installs it
         server.setup_cancellation_middleware(app)
     install_sessions(app, cookie_name=server.get_session_middleware_key())
+    install_exception_middleware(app, server_key=server.get_session_middleware_key())
+    install_disconnect_cancellation(app)
     mount_safe_rollout_paths(app)
     own_aiohttp_client(app, global_config)
     app.state.gymhost = HostedServer(spec=spec, server=server, nemo_gym_version=version)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import time
 from base64 import b64decode, b64encode
 from typing import Any, Literal
 from uuid import uuid4
@@ -30,7 +31,6 @@ import itsdangerous
 from itsdangerous.exc import BadSignature
 from starlette.datastructures import MutableHeaders
 from starlette.middleware.sessions import Session
-from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["SECRET_ENV_VAR", "SESSION_ID_KEY", "SessionMiddleware", "process_secret"]
@@ -38,6 +38,7 @@ __all__ = ["SECRET_ENV_VAR", "SESSION_ID_KEY", "SessionMiddleware", "process_sec
 SECRET_ENV_VAR = "GYMHOST_SECRET"
 SESSION_ID_KEY = "session_id"  # nemo_gym.server_utils.SESSION_ID_KEY
 _SALT = "gymhost.session"
+_VERIFIED_KEPT = 100_000
 
 _random_secret: str | None = None
 
@@ -70,6 +71,9 @@ class SessionMiddleware:
         self.max_age = max_age
         self.flags = f"httponly; samesite={same_site}" + ("; secure" if https_only else "")
         self._signers: dict[str, itsdangerous.TimestampSigner] = {}
+        # Cookies already verified, by (mount, value): an episode sends the same cookie on every call, and checking
+        # its signature each time was the larger part of this middleware's cost.
+        self._verified: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -77,7 +81,8 @@ class SessionMiddleware:
             return
         mount = scope.get("root_path") or ""
         signer = self._signer(mount)
-        session = Session(self._load(scope, signer))
+        raw, loaded = self._load(scope, mount, signer)
+        session = Session(loaded)
         if SESSION_ID_KEY not in session:
             session[SESSION_ID_KEY] = str(uuid4())
         scope["session"] = session
@@ -87,12 +92,14 @@ class SessionMiddleware:
             if message["type"] == "http.response.start":
                 current: dict[str, Any] = scope["session"]
                 if current:
-                    value = signer.sign(b64encode(json.dumps(current).encode())).decode()
+                    # An unchanged session goes back as the cookie that came in: no signing on every tool call.
+                    if raw is not None and current == loaded:
+                        value = raw
+                    else:
+                        value = signer.sign(b64encode(json.dumps(current).encode())).decode()
                     max_age = f"Max-Age={self.max_age}; " if self.max_age is not None else ""
-                    headers = MutableHeaders(scope=message)
-                    headers.append(
-                        "Set-Cookie", f"{self.cookie_name}={value}; path={cookie_path}; {max_age}{self.flags}"
-                    )
+                    cookie = f"{self.cookie_name}={value}; path={cookie_path}; {max_age}{self.flags}"
+                    MutableHeaders(scope=message).append("Set-Cookie", cookie)
             await send(message)
 
         await self.app(scope, receive, send_with_cookie)
@@ -103,12 +110,36 @@ class SessionMiddleware:
             signer = self._signers[mount] = itsdangerous.TimestampSigner(self.secret, salt=f"{_SALT}:{mount}")
         return signer
 
-    def _load(self, scope: Scope, signer: itsdangerous.TimestampSigner) -> dict[str, Any]:
-        raw = HTTPConnection(scope).cookies.get(self.cookie_name)
+    def _load(
+        self, scope: Scope, mount: str, signer: itsdangerous.TimestampSigner
+    ) -> tuple[str | None, dict[str, Any]]:
+        """The cookie's value and its session, when it is validly signed for this mount."""
+        raw = self._cookie(scope)
         if not raw:
-            return {}
+            return None, {}
+        known = self._verified.get((mount, raw))
+        if known is not None and time.time() < known[0]:
+            return raw, known[1]
         try:
-            data = json.loads(b64decode(signer.unsign(raw.encode(), max_age=self.max_age)))
+            signed, stamp = signer.unsign(raw.encode(), max_age=self.max_age, return_timestamp=True)
+            data = json.loads(b64decode(signed))
         except (BadSignature, ValueError):
-            return {}
-        return data if isinstance(data, dict) else {}
+            return None, {}
+        if not isinstance(data, dict):
+            return None, {}
+        if len(self._verified) >= _VERIFIED_KEPT:
+            self._verified.clear()
+        expires = stamp.timestamp() + self.max_age if self.max_age is not None else float("inf")
+        self._verified[(mount, raw)] = (expires, data)
+        return raw, data
+
+    def _cookie(self, scope: Scope) -> str | None:
+        """This middleware's cookie from the Cookie header(s), without parsing every other cookie."""
+        prefix = self.cookie_name + "="
+        for name, value in scope["headers"]:
+            if name == b"cookie":
+                for part in bytes(value).decode("latin-1").split(";"):
+                    part = part.strip()
+                    if part.startswith(prefix):
+                        return part[len(prefix) :].strip('"')
+        return None

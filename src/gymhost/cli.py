@@ -83,6 +83,7 @@ def main() -> None:
 @click.option(
     "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
 )
+@click.option("--access-log/--no-access-log", default=False, show_default=True, help="A log line per request.")
 def serve(
     folder: str,
     host: str,
@@ -93,6 +94,7 @@ def serve(
     config_key: str | None,
     settings: tuple[str, ...],
     log_level: str,
+    access_log: bool,
 ) -> None:
     """Serve the resources server in FOLDER (which may be '.').
 
@@ -106,7 +108,7 @@ def serve(
     from ._nemo_gym import require_nemo_gym
 
     urls = _key_values("--server-url", server_urls)
-    config = ServeConfig(host=host, port=port, server=server_name, log_level=log_level)  # type: ignore[arg-type]
+    config = ServeConfig(host=host, port=port, server=server_name, log_level=log_level, access_log=access_log)  # type: ignore[arg-type]
     gateway = is_gym_root(folder)
     if gateway and (name or config_key or settings):
         raise click.UsageError("--name, --config-key and --set apply to one server folder, not to a Gym root")
@@ -143,6 +145,13 @@ def serve(
 @click.option(
     "--instances", default=4, show_default=True, type=click.IntRange(1), help="Loopback instances of a bundle."
 )
+@click.option(
+    "--mode",
+    type=click.Choice(["process", "in-process"]),
+    default="process",
+    show_default=True,
+    help="Bundle instances as loopback processes, or inside the server (for hundreds of episodes at once).",
+)
 @click.option("--force", is_flag=True, help="Replace the folder if it exists.")
 def write(
     source: str,
@@ -152,6 +161,7 @@ def write(
     tasks_file: str | None,
     urls: tuple[str, ...],
     instances: int,
+    mode: str,
     force: bool,
 ) -> None:
     """Write ROOT/resources_servers/<name>/ for the agent environment at SOURCE.
@@ -163,7 +173,15 @@ def write(
 
     try:
         written = write_folder(
-            source, root, name=name, split=split, tasks_file=tasks_file, urls=urls, instances=instances, force=force
+            source,
+            root,
+            name=name,
+            split=split,
+            tasks_file=tasks_file,
+            urls=urls,
+            instances=instances,
+            mode=mode,
+            force=force,
         )
     except GymhostError as error:
         raise click.ClickException(str(error)) from None

@@ -1,16 +1,28 @@
 """One agent-environment instance, as gymhost talks to it: card, data plane, extensions, MCP tools.
 
 This is the only module that speaks the agentenv protocol on the wire, so a protocol release that moves something
-is mended here. It keeps one HTTP client per instance (the protocol package's helpers open one per call), which
-matters when every episode makes several data-plane calls. Tool calls go through the protocol package's
-``ToolSession``, and so does listing tools with their ``_meta`` (where ``hiddenByDefault`` lives).
+is mended here. It keeps one HTTP client per instance, with its connections, for everything: the card, the data
+plane, extensions and every episode's MCP session (the protocol package's helpers and ``ToolSession`` open a client
+per call or per session). The client's transport can be an in-memory ASGI one, which is how in-process instances
+are reached.
 
-Failures come out as two kinds, because they mean different things to a grader: ``EnvUnavailableError`` (the
-instance did not answer: down, unreachable, too slow) and ``DataPlaneError`` (it answered with an error).
+``McpSession`` is a small MCP client (streamable HTTP: initialize, tools/list with ``_meta``, tools/call, and a
+DELETE to end the session), written here rather than taken from ``agentenv_protocol.ToolSession`` because that
+one cannot share a client or use another transport, and drops ``_meta`` (where ``hiddenByDefault`` lives); nor
+from ``mcp.ClientSession``, which costs a task group and memory streams per session.
+
+Failures come out as kinds that mean different things to a grader: ``EnvUnavailableError`` (the instance did not
+answer: down, unreachable; ``EnvTimeoutError`` when too slow), ``DataPlaneError`` (it answered with an error) and
+``McpSessionError`` (the MCP session failed or is gone).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
+import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -19,16 +31,28 @@ from agentenv_protocol import (
     METHOD_ADD,
     METHOD_GET,
     METHOD_RESET,
+    ROLE_HEADER,
     RPC_PATH,
     WELL_KNOWN_PATH,
-    ToolSession,
-    ToolSessionError,
+    ToolResult,
 )
 from agentenv_protocol.client import ExtensionCallError, find_extension, find_extension_method, mcp_path
 
+from .. import __version__
 from .._exceptions import GymhostError
 
-__all__ = ["DataPlaneError", "EnvClient", "EnvTimeoutError", "EnvUnavailableError", "ExtensionError"]
+__all__ = [
+    "DataPlaneError",
+    "EnvClient",
+    "EnvTimeoutError",
+    "EnvUnavailableError",
+    "ExtensionError",
+    "McpSession",
+    "McpSessionError",
+]
+
+_MCP_PROTOCOL_VERSION = "2025-11-25"
+_CLOSE_TIMEOUT_S = 5.0
 
 
 class EnvUnavailableError(GymhostError):
@@ -45,6 +69,11 @@ class DataPlaneError(GymhostError):
 
 class ExtensionError(GymhostError):
     """A card extension could not be called, or answered an error."""
+
+
+class McpSessionError(GymhostError):
+    """An MCP-level failure: a JSON-RPC error, an HTTP error, an unreadable reply, or a session the server lost.
+    A tool that fails is not one: its result says ``isError``."""
 
 
 class EnvClient:
@@ -108,16 +137,20 @@ class EnvClient:
     def mcp_url(self, card: dict[str, Any]) -> str:
         return f"{self.base_url}{mcp_path(card)}"
 
-    def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> ToolSession:
-        return ToolSession(mcp_url=self.mcp_url(card), role=role, timeout=timeout)
+    def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> McpSession:
+        """An MCP session on this instance (not yet opened), over this instance's client."""
+        return McpSession(self._http, mcp_path(card), role=role, timeout=timeout)
 
     async def hidden_tools(self, card: dict[str, Any]) -> set[str]:
         """Names ``tools/list`` marks hidden by default: plumbing a task drives, never the policy's to call."""
+        session = self.tool_session(card, role=None, timeout=self._http.timeout.read or 30.0)
         try:
-            async with _ListingSession(mcp_url=self.mcp_url(card), timeout=self._http.timeout.read or 30.0) as session:
-                tools = await session.list_tools_with_meta()
-        except (ToolSessionError, TimeoutError, httpx.HTTPError) as error:
-            raise EnvUnavailableError(f"{self.mcp_url(card)}: tools/list failed: {error!r}") from error
+            await session.open()
+            tools = await session.list_tools()
+        except McpSessionError as error:
+            raise EnvUnavailableError(f"{self.mcp_url(card)}: tools/list failed: {error}") from error
+        finally:
+            await session.close()
         return {tool["name"] for tool in tools if (tool.get("_meta") or {}).get(HIDDEN_BY_DEFAULT_META_KEY)}
 
     async def aclose(self) -> None:
@@ -154,15 +187,39 @@ class EnvClient:
             raise EnvUnavailableError(f"{self.base_url}{path}: {error!r}") from error
 
 
-class _ListingSession(ToolSession):  # type: ignore[misc]
-    """``ToolSession`` whose tool listing keeps ``_meta``.
+class McpSession:
+    """One MCP session on an instance. Use it on the event loop that opened it; nothing is retried."""
 
-    ``ToolSession.list_tools`` validates each tool into ``EnvironmentTool``, which has no ``_meta``, so the hidden
-    marker is lost; this uses the session's own request method (a private one, hence pinned to
-    agentenv-framework-protocol < 0.2 and covered by a test) to read the raw listing.
-    """
+    def __init__(self, http: httpx.AsyncClient, path: str, *, role: str | None, timeout: float) -> None:
+        self.path = path
+        self.timeout = timeout
+        self.session_id: str | None = None
+        self._http = http
+        self._headers = {"Accept": "application/json, text/event-stream", **({ROLE_HEADER: role} if role else {})}
+        self._ids = itertools.count(1)
 
-    async def list_tools_with_meta(self) -> list[dict[str, Any]]:
+    async def open(self) -> McpSession:
+        result = await self._request(
+            "initialize",
+            {
+                "protocolVersion": _MCP_PROTOCOL_VERSION,
+                "capabilities": {},
+                "clientInfo": {"name": "gymhost", "version": __version__},
+            },
+        )
+        self._headers["MCP-Protocol-Version"] = str(result.get("protocolVersion") or _MCP_PROTOCOL_VERSION)
+        await self._exchange({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return self
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        result = await self._request("tools/call", {"name": name, "arguments": arguments})
+        try:
+            return ToolResult.model_validate(result)
+        except ValueError as error:
+            raise McpSessionError(f"tools/call {name}: unreadable result: {error}") from None
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """Every tool with its ``_meta``, across pages."""
         tools: list[dict[str, Any]] = []
         params: dict[str, Any] = {}
         while True:
@@ -171,3 +228,80 @@ class _ListingSession(ToolSession):  # type: ignore[misc]
             if not result.get("nextCursor"):
                 return tools
             params = {"cursor": result["nextCursor"]}
+
+    async def close(self) -> None:
+        """End the session on the server (at most 5 s); a server that is already gone is not an error."""
+        if self.session_id is None:
+            return
+        headers, self.session_id = self._session_headers(), None
+        with contextlib.suppress(httpx.HTTPError, TimeoutError):
+            await asyncio.wait_for(self._http.delete(self.path, headers=headers), min(self.timeout, _CLOSE_TIMEOUT_S))
+
+    async def _request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        reply = await self._exchange({"jsonrpc": "2.0", "id": next(self._ids), "method": method, "params": params})
+        if "error" in reply:
+            error = reply["error"] if isinstance(reply["error"], dict) else {"message": reply["error"]}
+            raise McpSessionError(f"{method} failed: {error.get('message')} (code {error.get('code')})")
+        result = reply.get("result")
+        if not isinstance(result, dict):
+            raise McpSessionError(f"{method}: the reply has no result object")
+        return result
+
+    async def _exchange(self, message: dict[str, Any]) -> dict[str, Any]:
+        method = message["method"]
+        try:
+            return await asyncio.wait_for(self._post(message), self.timeout)
+        except (TimeoutError, httpx.TimeoutException):
+            raise EnvTimeoutError(f"MCP {method} did not answer within {self.timeout:g}s") from None
+        except httpx.TransportError as error:
+            raise EnvUnavailableError(f"MCP {method}: {error!r}") from error
+
+    async def _post(self, message: dict[str, Any]) -> dict[str, Any]:
+        method = message["method"]
+        headers = self._session_headers()
+        async with self._http.stream(
+            "POST", self.path, json=message, headers=headers, timeout=self.timeout
+        ) as response:
+            if response.status_code == 404 and self.session_id:
+                raise McpSessionError(f"{method}: the server no longer knows MCP session {self.session_id}")
+            if response.status_code >= 400:
+                body = (await response.aread()).decode(errors="replace")[:500]
+                raise McpSessionError(f"{method}: HTTP {response.status_code}: {body}")
+            if method == "initialize":
+                self.session_id = response.headers.get("mcp-session-id")
+            if "id" not in message:
+                return {}
+            content_type = response.headers.get("content-type", "")
+            try:
+                if content_type.startswith("text/event-stream"):
+                    async for data in _sse_messages(response):
+                        reply = json.loads(data)
+                        if isinstance(reply, dict) and reply.get("id") == message["id"]:
+                            return reply
+                    raise McpSessionError(f"{method}: the event stream ended before the reply")
+                reply = json.loads(await response.aread())
+            except ValueError as error:
+                raise McpSessionError(f"{method}: unreadable reply: {error}") from None
+            if not isinstance(reply, dict):
+                raise McpSessionError(f"{method}: the reply is not a JSON-RPC object")
+            return reply
+
+    def _session_headers(self) -> dict[str, str]:
+        return {**self._headers, "mcp-session-id": self.session_id} if self.session_id else self._headers
+
+
+async def _sse_messages(response: httpx.Response) -> AsyncIterator[str]:
+    """The data of each ``message`` event of a server-sent event stream."""
+    event, data = "message", list[str]()
+    async for line in response.aiter_lines():
+        if not line:
+            if data and event == "message":
+                yield "\n".join(data)
+            event, data = "message", []
+            continue
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            data.append(value)
+        elif name == "event":
+            event = value

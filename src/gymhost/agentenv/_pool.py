@@ -1,18 +1,26 @@
 """The pool of environment instances a written server plays episodes on.
 
-An agentenv environment keeps its state per process, and its data plane takes no session id, so one instance hosts
-one episode at a time. The pool leases instances to episodes, resets them on release, and repairs the ones that
-broke: a bundle instance whose process died is started again; an instance at a URL is probed until its card
-answers again. Until then it is out of rotation, so one dead instance costs capacity, not correctness.
+An agentenv environment keeps its state per instance, and its data plane takes no session id, so one instance
+hosts one episode at a time. The pool leases instances to episodes, resets them on release, and repairs the ones
+that broke: a bundle instance is started again; an instance at a URL is probed until its card answers again. Until
+then it is out of rotation, so one broken instance costs capacity, not correctness.
 
-Where instances come from is a ``Launcher``: processes started from a bundle, or URLs of instances someone else
-runs.
+Where instances come from is a ``Launcher``:
+
+- ``BundleLauncher``: one loopback process per instance (``_runner``). Each episode's environment is isolated in
+  its own process, as the protocol intends, at the price of a process (tens of MB) per concurrent episode.
+- ``InProcessLauncher``: instances of the environment class inside the server, each reached through an in-memory
+  ASGI transport. Same protocol, same behaviour, no process per episode: the way to hold hundreds of episodes.
+- ``UrlLauncher``: instances someone else runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import importlib.util
+import inspect
 import logging
 import os
 import signal
@@ -22,10 +30,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+import httpx
+
 from .._exceptions import GymhostError
+from .._logging import fastmcp_leaves_logging_alone
 from ._env_client import DataPlaneError, EnvClient, EnvUnavailableError
 
-__all__ = ["ENTRY", "READY", "BundleLauncher", "Instance", "Pool", "PoolExhaustedError", "StartupError", "UrlLauncher"]
+__all__ = [
+    "ENTRY",
+    "READY",
+    "BundleLauncher",
+    "InProcessLauncher",
+    "Instance",
+    "Pool",
+    "PoolExhaustedError",
+    "StartupError",
+    "UrlLauncher",
+    "load_environment_class",
+]
 
 logger = logging.getLogger("gymhost.agentenv")
 
@@ -48,6 +70,7 @@ class Instance:
     index: int
     client: EnvClient
     process: asyncio.subprocess.Process | None = None
+    hosted: _Hosted | None = None
     leased: bool = False
     healthy: bool = True
     episodes: int = 0
@@ -62,18 +85,66 @@ class Instance:
         return {"index": self.index, "url": self.base_url, "state": state, "episodes": self.episodes, "pid": pid}
 
 
+@dataclass(eq=False)
+class _Hosted:
+    """An in-process instance's app, whose lifespan runs in a task of its own (an anyio task group must be left in
+    the task that entered it, and instances are started and stopped from different tasks)."""
+
+    task: asyncio.Task[None]
+    stop: asyncio.Event
+
+
 class Launcher(Protocol):
     """Brings instance ``index`` up (again) and takes it down."""
 
     description: str
+    restarts: bool  # a broken instance is replaced (a bundle), or waited for (a URL)
 
     async def launch(self, index: int, data_timeout: float) -> Instance: ...
 
     async def stop(self, instance: Instance) -> None: ...
 
 
+def load_environment_class(bundle: Path) -> type[Any]:
+    """The one concrete ``AgentEnvEnvironment`` subclass ``bundle/env.py`` defines, imported with the bundle
+    folder importable (for its sibling modules) under a module name of its own."""
+    from agentenv_protocol import AgentEnvEnvironment
+
+    entry = bundle / ENTRY
+    if str(bundle) not in sys.path:
+        sys.path.insert(0, str(bundle))
+    name = f"gymhost_bundle_env_{hashlib.sha1(str(entry).encode()).hexdigest()[:10]}"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, entry)
+        if spec is None or spec.loader is None:
+            raise StartupError(f"{entry}: not an importable Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as error:
+            del sys.modules[name]
+            raise StartupError(f"{entry}: importing it failed: {error!r}") from error
+    found = [
+        value
+        for value in vars(module).values()
+        if inspect.isclass(value)
+        and issubclass(value, AgentEnvEnvironment)
+        and value is not AgentEnvEnvironment
+        and value.__module__ == module.__name__
+        and not inspect.isabstract(value)
+    ]
+    if len(found) != 1:
+        names = ", ".join(sorted(cls.__name__ for cls in found)) or "none"
+        raise StartupError(f"{entry}: expected one AgentEnvEnvironment subclass, found {names}")
+    return found[0]
+
+
 class UrlLauncher:
     """Instances someone else runs; gymhost only talks to them."""
+
+    restarts = False
 
     def __init__(self, urls: Sequence[str]) -> None:
         self.urls = [url.rstrip("/") for url in urls]
@@ -86,8 +157,51 @@ class UrlLauncher:
         await instance.client.aclose()
 
 
+class InProcessLauncher:
+    """Instances of the bundle's environment class inside this process, each its own app behind an in-memory ASGI
+    transport: the same card, data plane and MCP endpoint as a process instance, without the process."""
+
+    restarts = True
+
+    def __init__(self, bundle: Path) -> None:
+        self.bundle = bundle
+        self.description = f"bundle {bundle} (in-process)"
+
+    async def launch(self, index: int, data_timeout: float) -> Instance:
+        environment = load_environment_class(self.bundle)()
+        with fastmcp_leaves_logging_alone():
+            app = environment.create_app().streamable_http_app()
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+        task = asyncio.create_task(_host(app, started, stop), name=f"gymhost-env-instance-{index}")
+        await started
+        transport = httpx.ASGITransport(app=app)
+        client = EnvClient(f"http://instance-{index}.in-process", transport=transport, data_timeout=data_timeout)
+        return Instance(index, client, hosted=_Hosted(task, stop))
+
+    async def stop(self, instance: Instance) -> None:
+        await instance.client.aclose()
+        if instance.hosted is not None:
+            instance.hosted.stop.set()
+            with contextlib.suppress(Exception):
+                await instance.hosted.task
+
+
+async def _host(app: Any, started: asyncio.Future[None], stop: asyncio.Event) -> None:
+    try:
+        async with app.router.lifespan_context(app):
+            started.set_result(None)
+            await stop.wait()
+    except BaseException as error:
+        if started.done():
+            raise
+        started.set_exception(StartupError(f"an in-process environment instance did not start: {error!r}"))
+
+
 class BundleLauncher:
     """One loopback process per instance, running the bundle's environment through ``_runner``."""
+
+    restarts = True
 
     def __init__(self, bundle: Path, startup_timeout: float) -> None:
         self.bundle = bundle
@@ -273,7 +387,7 @@ class Pool:
         """Bring the instance back: a new process for a bundle, a probe until the card answers for a URL."""
         while not self._stopping:
             try:
-                if broken.process is not None:
+                if self.launcher.restarts:
                     await self.launcher.stop(broken)
                     fresh = await self._bring_up(broken.index)
                     fresh.episodes = broken.episodes

@@ -10,45 +10,14 @@ dies, by any signal, the instance follows: no environment process outlives the s
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 import logging
 import os
 import socket
 import sys
 import threading
 from pathlib import Path
-from typing import Any
 
-from ._pool import ENTRY, READY
-
-
-def load_environment_class(bundle: Path) -> type[Any]:
-    """The one concrete ``AgentEnvEnvironment`` subclass ``bundle/env.py`` defines."""
-    from agentenv_protocol import AgentEnvEnvironment
-
-    entry = bundle / ENTRY
-    if str(bundle) not in sys.path:
-        sys.path.insert(0, str(bundle))
-    spec = importlib.util.spec_from_file_location("gymhost_bundle_env", entry)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"{entry}: not an importable Python file")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    found = [
-        value
-        for value in vars(module).values()
-        if inspect.isclass(value)
-        and issubclass(value, AgentEnvEnvironment)
-        and value is not AgentEnvEnvironment
-        and value.__module__ == module.__name__
-        and not inspect.isabstract(value)
-    ]
-    if len(found) != 1:
-        names = ", ".join(sorted(cls.__name__ for cls in found)) or "none"
-        raise SystemExit(f"{entry}: expected one AgentEnvEnvironment subclass, found {names}")
-    return found[0]
+from ._pool import READY, StartupError, load_environment_class
 
 
 def _exit_when_parent_goes() -> None:
@@ -71,7 +40,10 @@ def main(argv: list[str]) -> None:
 
     import uvicorn
 
-    environment = load_environment_class(Path(argv[0]).resolve())()
+    try:
+        environment = load_environment_class(Path(argv[0]).resolve())()
+    except StartupError as error:
+        raise SystemExit(str(error)) from None
     app = environment.create_app().streamable_http_app()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))

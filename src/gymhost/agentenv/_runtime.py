@@ -20,11 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import httpx
-from agentenv_protocol import ToolSession, ToolSessionError
 
 from .._exceptions import GymhostError
 from ._catalog import check_tasks, policy_tools
-from ._env_client import DataPlaneError, EnvTimeoutError, EnvUnavailableError
+from ._env_client import DataPlaneError, EnvTimeoutError, EnvUnavailableError, McpSession, McpSessionError
 from ._grading import CriterionResult, evaluate, extension_score, merge_state
 from ._pool import Instance, Pool, PoolExhaustedError, StartupError
 from ._tasks import ExtensionCriterion, StateCriterion, Task
@@ -107,7 +106,7 @@ class Episode:
     task: Task
     identity: Hashable | None = None
     instance: Instance | None = None
-    tools: ToolSession | None = None
+    tools: McpSession | None = None
     failure: Failure | None = None
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -171,6 +170,19 @@ class Runtime:
             "instances": self.pool.status(),
             "open_episodes": len(self._episodes),
         }
+
+    async def instance_status(self, index: int) -> dict[str, Any] | None:
+        """One instance's status and its state as ``data/get`` answers it: how an operator (or a test) sees that a
+        released instance was reset, in-process instances included. None for no such instance."""
+        if not 0 <= index < len(self.pool.instances):
+            return None
+        instance = self.pool.instances[index]
+        answer = instance.status()
+        try:
+            answer["data"] = merge_state(await instance.client.get())
+        except (EnvUnavailableError, DataPlaneError) as error:
+            answer["data"], answer["error"] = None, str(error)
+        return answer
 
     # -- episodes -----------------------------------------------------------------------------------------------
 
@@ -354,7 +366,7 @@ def _failure(error: BaseException, *, stage: str) -> Failure:
         return Failure(TIMEOUT, reason)
     if isinstance(error, EnvUnavailableError | httpx.TransportError):
         return Failure(UNREACHABLE, reason)
-    if isinstance(error, ToolSessionError):
+    if isinstance(error, McpSessionError):
         return Failure(SESSION_LOST, reason)
     if isinstance(error, DataPlaneError):
         return Failure(DATA_PLANE_ERROR, reason)

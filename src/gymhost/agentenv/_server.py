@@ -22,7 +22,7 @@ from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from .._exceptions import FolderError
-from ._pool import BundleLauncher, Launcher, Pool, UrlLauncher
+from ._pool import BundleLauncher, InProcessLauncher, Launcher, Pool, UrlLauncher
 from ._runtime import Runtime, RuntimeSettings, SessionConflictError, UnknownTaskError, Verdict
 from ._tasks import Task, load_task_folder
 
@@ -39,7 +39,10 @@ class SourceConfig(BaseModel):
 
     kind: Literal["bundle", "urls"]
     path: str | None = Field(default=None, description="bundle: its folder, relative to the server folder")
-    instances: int = Field(default=4, ge=1, description="bundle: how many loopback instances (= concurrent episodes)")
+    mode: Literal["process", "in_process"] = Field(
+        default="process", description="bundle: one loopback process per instance, or instances inside the server"
+    )
+    instances: int = Field(default=4, ge=1, description="bundle: how many instances (= concurrent episodes)")
     urls: list[str] = Field(default_factory=list, description="urls: one base URL per independent instance")
 
 
@@ -121,6 +124,7 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         if not _RESOURCES_FLOW:
             app.post("/close_session")(self.close_resources_session)
         app.get("/agentenv/pool", summary="The environment instances and open episodes")(self.pool_status)
+        app.get("/agentenv/pool/{index}", summary="One instance, with its state (data/get)")(self.instance_status)
 
         inner = app.router.lifespan_context
 
@@ -198,6 +202,12 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
     async def pool_status(self) -> dict[str, Any]:
         return self._running().status()
 
+    async def instance_status(self, index: int) -> dict[str, Any]:
+        answer = await self._running().instance_status(index)
+        if answer is None:
+            raise HTTPException(404, f"no instance {index}")
+        return answer
+
     # -- internals ----------------------------------------------------------------------------------------------
 
     def _running(self) -> Runtime:
@@ -256,6 +266,8 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             bundle = self._path(source.path, "bundle")
             if not (bundle / "env.py").is_file():
                 raise FolderError(f"{bundle}: no env.py; a bundle holds its environment in env.py")
+            if source.mode == "in_process":
+                return InProcessLauncher(bundle)
             return BundleLauncher(bundle, startup_timeout=self.config.startup_timeout_s)
         if not source.urls:
             raise FolderError(f"{type(self).__name__}: source.kind is urls but source.urls is empty")

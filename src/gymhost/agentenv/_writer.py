@@ -50,6 +50,7 @@ def write_folder(
     tasks_file: str | Path | None = None,
     urls: Sequence[str] = (),
     instances: int = 4,
+    mode: str = "process",
     force: bool = False,
 ) -> WrittenFolder:
     """Write ``root/resources_servers/<name>/`` for the environment at ``source`` (a bundle folder or a URL).
@@ -64,7 +65,15 @@ def write_folder(
         raise WriteError("write_folder() was called inside a running event loop; use `await awrite_folder(...)`")
     return asyncio.run(
         awrite_folder(
-            source, root, name=name, split=split, tasks_file=tasks_file, urls=urls, instances=instances, force=force
+            source,
+            root,
+            name=name,
+            split=split,
+            tasks_file=tasks_file,
+            urls=urls,
+            instances=instances,
+            mode=mode,
+            force=force,
         )
     )
 
@@ -78,11 +87,15 @@ async def awrite_folder(
     tasks_file: str | Path | None = None,
     urls: Sequence[str] = (),
     instances: int = 4,
+    mode: str = "process",
     force: bool = False,
 ) -> WrittenFolder:
     """``write_folder`` for async code: the environment is started and asked for its card on the caller's loop."""
     if instances < 1:
         raise WriteError(f"instances must be at least 1, got {instances}")
+    mode = mode.replace("-", "_")
+    if mode not in ("process", "in_process"):
+        raise WriteError(f"mode {mode!r}: expected process or in-process")
     if name is not None and not _NAME.match(name):
         raise WriteError(f"--name {name!r}: expected lower-case letters, digits and _, starting with a letter")
     inspected = await inspect_source(
@@ -96,7 +109,7 @@ async def awrite_folder(
 
     scratch = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
     try:
-        rows = _write_contents(scratch, name, inspected, instances)
+        rows = _write_contents(scratch, name, inspected, instances, mode)
         if target.exists():
             old = target.with_name(f".{name}.replaced")
             shutil.rmtree(old, ignore_errors=True)
@@ -121,7 +134,7 @@ def _default_name(source: Source) -> str:
     return name
 
 
-def _write_contents(folder: Path, name: str, source: Source, instances: int) -> dict[str, int]:
+def _write_contents(folder: Path, name: str, source: Source, instances: int, mode: str) -> dict[str, int]:
     (folder / "configs").mkdir()
     (folder / "data").mkdir()
     if source.bundle is not None:
@@ -141,7 +154,7 @@ def _write_contents(folder: Path, name: str, source: Source, instances: int) -> 
         rows[split] = len(lines)
 
     (folder / "app.py").write_text(_app_py(name, source), encoding="utf-8")
-    (folder / "configs" / f"{name}.yaml").write_text(_config_yaml(name, source, instances, tasks_path, rows))
+    (folder / "configs" / f"{name}.yaml").write_text(_config_yaml(name, source, instances, mode, tasks_path, rows))
     (folder / "requirements.txt").write_text(_requirements(source))
     (folder / "README.md").write_text(_readme(name, source, rows))
     return rows
@@ -184,11 +197,12 @@ if __name__ == "__main__":
 '''
 
 
-def _config_yaml(name: str, source: Source, instances: int, tasks_path: str, rows: dict[str, int]) -> str:
+def _config_yaml(name: str, source: Source, instances: int, mode: str, tasks_path: str, rows: dict[str, int]) -> str:
     q = json.dumps  # a JSON string is a valid YAML scalar
     if source.bundle is not None:
         source_block = f"""        kind: bundle
         path: bundle
+        mode: {mode}
         instances: {instances}"""
     else:
         urls = "\n".join(f"        - {q(url)}" for url in source.urls)

@@ -1,9 +1,13 @@
-"""What ``create_app`` changes in the app Gym builds, so it can be mounted under a prefix and its sessions can't be
-forged. Each change swaps one Gym piece for one that does the same job correctly under a mount; the routes and the
-server class are untouched.
+"""What ``create_app`` changes in the app Gym builds: middlewares swapped for ones that do the same job correctly
+under a mount, without forgeable sessions, and without ``BaseHTTPMiddleware``'s cost per request. The routes and
+the server class are untouched.
 
 - Sessions: Gym's ``SessionMiddleware`` (public secret, ``path=/``) and its ``add_session_id`` function middleware
   become gymhost's ``SessionMiddleware`` (see ``_sessions``).
+- Errors: Gym's ``exception_handling_middleware`` function middleware becomes the pure-ASGI
+  ``ExceptionMiddleware``, with the same answers (see ``_exception_middleware``).
+- Disconnects (nemo-gym 0.5+): ``ClientDisconnectCancellationMiddleware`` becomes the plain-asyncio
+  ``DisconnectCancellationMiddleware``, same behaviour at a fraction of the cost (see ``_disconnect``).
 - MCP session tokens: Gym signs them with the same public string; they are signed with the process secret instead
   (0.4.0's ``MCPResourcesServer._mcp_token_serializer``; 0.5+'s auto-exposure reads the key once, at install).
 - Rollout paths (nemo-gym 0.5+): ``RolloutContextMiddleware`` matches ``/ng-rollout/<id>/...`` against the full
@@ -20,9 +24,18 @@ from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.middleware.sessions import SessionMiddleware as StarletteSessionMiddleware
 
+from ._disconnect import DisconnectCancellationMiddleware
+from ._exception_middleware import ExceptionMiddleware
 from ._sessions import SessionMiddleware, process_secret
 
-__all__ = ["install_sessions", "mount_safe_rollout_paths", "secret_mcp_tokens", "signing_mcp_tokens_with_secret"]
+__all__ = [
+    "install_disconnect_cancellation",
+    "install_exception_middleware",
+    "install_sessions",
+    "mount_safe_rollout_paths",
+    "secret_mcp_tokens",
+    "signing_mcp_tokens_with_secret",
+]
 
 
 def install_sessions(app: Any, cookie_name: str) -> bool:
@@ -36,9 +49,34 @@ def install_sessions(app: Any, cookie_name: str) -> bool:
     return True
 
 
+def install_exception_middleware(app: Any, server_key: str) -> bool:
+    """Replace Gym's ``exception_handling_middleware`` with the pure-ASGI one; False when there is none."""
+    stack: list[Middleware] = app.user_middleware
+    for index, middleware in enumerate(stack):
+        if _is_function_middleware(middleware, "exception_handling_middleware"):
+            stack[index] = Middleware(ExceptionMiddleware, server_key=server_key)
+            return True
+    return False
+
+
+def install_disconnect_cancellation(app: Any) -> bool:
+    """Replace nemo-gym's ``ClientDisconnectCancellationMiddleware``; False when the app has none (0.4.0)."""
+    stack: list[Middleware] = app.user_middleware
+    for index, middleware in enumerate(stack):
+        factory: object = middleware.cls
+        if getattr(factory, "__name__", "") == "ClientDisconnectCancellationMiddleware":
+            stack[index] = Middleware(DisconnectCancellationMiddleware)
+            return True
+    return False
+
+
 def _is_add_session_id(middleware: Middleware) -> bool:
+    return _is_function_middleware(middleware, "add_session_id")
+
+
+def _is_function_middleware(middleware: Middleware, name: str) -> bool:
     dispatch = middleware.kwargs.get("dispatch")
-    return _is(middleware, BaseHTTPMiddleware) and getattr(dispatch, "__name__", "") == "add_session_id"
+    return _is(middleware, BaseHTTPMiddleware) and getattr(dispatch, "__name__", "") == name
 
 
 def _is(middleware: Middleware, cls: type[Any]) -> bool:

@@ -1,0 +1,121 @@
+"""Turn a run's results into the tables of benchmarks/README.md and the memory plot (benchmarks/concurrency.svg)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+START, END = "<!-- results:start -->", "<!-- results:end -->"
+NAMES = {
+    "bare_starlette": "(a) bare Starlette endpoint (limit)",
+    "gym_launcher": "(b) Gym's own launcher (`python app.py`)",
+    "gymhost_uvicorn": "(c) `gymhost serve` (uvicorn)",
+    "gymhost_hypercorn": "(d) `gymhost serve --server hypercorn`",
+}
+
+
+def tables(results: dict[str, Any], source: str) -> str:
+    m = results["machine"]
+    packages = ", ".join(f"{name} {version}" for name, version in m["packages"].items())
+    lines = [
+        f"Run of {results['date']}{' (quick)' if results.get('quick') else ''}: {m['cores']} cores ({m['cpu']}), "
+        f"{m['memory_gb']} GiB, Python {m['python']}; {packages}; {m['wrk']}. Raw numbers: [{source}]({source}).",
+        "",
+        "**Tool calls** (`POST /get_weather` on nemo-gym's example_single_tool_call, with a seeded session's cookie;"
+        " wrk, one thread, keep-alive):",
+        "",
+        "| server | c=1 req/s | p50 / p99 ms | c=64 req/s | p50 / p99 ms | c=256 req/s | p50 / p99 ms | errors |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, rows in results["tool_calls"].items():
+        cells = " | ".join(f"{r['rps']:,.0f} | {r['p50_ms']:.2f} / {r['p99_ms']:.2f}" for r in rows)
+        errors = sum(r["errors"] + r["socket_errors"] for r in rows)
+        lines.append(f"| {NAMES[name]} | {cells} | {errors} |")
+    ratios = results["ratios"]
+    lines += ["", "| ratio (throughput) | c=1 | c=64 | c=256 |", "|---|---|---|---|"]
+    for key, label in [
+        ("gymhost_vs_gym_launcher", "gymhost (uvicorn) / Gym's launcher (target >= 1.5)"),
+        ("gymhost_vs_bare", "gymhost (uvicorn) / bare limit (target >= 0.5)"),
+        ("hypercorn_vs_gym_launcher", "gymhost (hypercorn) / Gym's launcher"),
+    ]:
+        lines.append(
+            f"| {label} | " + " | ".join(str(ratios["tool_call_throughput"][c][key]) for c in ("1", "64", "256")) + " |"
+        )
+    through, direct = results["episodes"]["through_gymhost"], results["episodes"]["direct_mcp"]
+    lines += [
+        "",
+        "**Episodes** on the written gridsim server (in-process instances; seed, 4 tool calls, verify; the load"
+        " generator in its own process) and the same tool call (`gridsim_look`) made directly to a gridsim"
+        " environment over MCP:",
+        "",
+        "| concurrency | episodes/s | episode p50 / p99 ms | tool call via gymhost p50 / p99 ms"
+        " | direct over MCP p50 / p99 ms | latency ratio p50 (mean) | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for a, b in zip(through, direct, strict=True):
+        ratio = ratios["bridge_latency"][str(a["concurrency"])]
+        lines.append(
+            f"| {a['concurrency']} | {a['episodes_per_s']} | {a['episode']['p50_ms']} / {a['episode']['p99_ms']} | "
+            f"{a['look']['p50_ms']} / {a['look']['p99_ms']} | {b['look']['p50_ms']} / {b['look']['p99_ms']} | "
+            f"{ratio['p50']} ({ratio['mean']}) | {a['errors'] + b['errors']} |"
+        )
+    held = results["concurrency"]
+    lines += [
+        "",
+        f"**Open episodes** held by one server process ({held['instances']} in-process gridsim instances, started in"
+        f" {held['startup_s']} s; baseline {held['baseline_rss_mb']} MB resident); at each level one tool call on"
+        " every open episode, 64 at a time:",
+        "",
+        "| open episodes | resident MB | tool call p50 / p99 ms | errors |",
+        "|---|---|---|---|",
+    ]
+    for level in held["levels"]:
+        look = level["look"]
+        errors = level["seed_errors"] + level["call_errors"]
+        lines.append(
+            f"| {level['open_episodes']} | {level['rss_mb']} | {look.get('p50_ms')} / {look.get('p99_ms')} | {errors} |"
+        )
+    lines.append(
+        f"\nAll {held['levels'][-1]['open_episodes']} then verified with {held['verify_errors']} errors."
+        f" Most open episodes without an error: {ratios.get('max_open_episodes_without_errors')}; resident memory per"
+        f" open episode: {ratios.get('rss_kb_per_open_episode')} KB. ![memory](concurrency.svg)"
+    )
+    return "\n".join(lines)
+
+
+def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
+    text = readme.read_text()
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    readme.write_text(f"{head}{START}\n{tables(results, source)}\n{END}{tail}")
+
+
+def write_plot(results: dict[str, Any], path: Path) -> None:
+    """Resident memory against open episodes, as a small SVG line chart (no plotting library needed)."""
+    levels = results["concurrency"]["levels"]
+    points = [(0, results["concurrency"]["baseline_rss_mb"])] + [(lv["open_episodes"], lv["rss_mb"]) for lv in levels]
+    width, height, pad = 480, 280, 48
+    max_x = max(x for x, _ in points) or 1
+    max_y = max(y for _, y in points) * 1.1 or 1
+
+    def xy(x: float, y: float) -> str:
+        return f"{pad + x / max_x * (width - 2 * pad):.1f},{height - pad - y / max_y * (height - 2 * pad):.1f}"
+
+    line = " ".join(xy(x, y) for x, y in points)
+    dots = "".join(f'<circle cx="{xy(x, y).split(",")[0]}" cy="{xy(x, y).split(",")[1]}" r="3"/>' for x, y in points)
+    labels = "".join(
+        f'<text x="{xy(x, y).split(",")[0]}" y="{float(xy(x, y).split(",")[1]) - 8:.1f}" font-size="10" '
+        f'text-anchor="middle">{y:.0f}</text>'
+        for x, y in points
+    )
+    path.write_text(
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif">'
+        f'<rect width="100%" height="100%" fill="white"/>'
+        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" stroke="black"/>'
+        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" stroke="black"/>'
+        f'<polyline points="{line}" fill="none" stroke="steelblue" stroke-width="2"/>{dots}{labels}'
+        f'<text x="{width / 2}" y="{height - 12}" font-size="12" text-anchor="middle">'
+        f"open episodes (0 to {max_x})</text>"
+        f'<text x="14" y="{height / 2}" font-size="12" text-anchor="middle" '
+        f'transform="rotate(-90 14 {height / 2})">resident memory, MB</text></svg>\n'
+    )

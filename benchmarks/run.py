@@ -1,0 +1,285 @@
+"""`make bench`: every comparison measured side by side in one run, written to benchmarks/results/<date>.json and to
+the table in benchmarks/README.md.
+
+1. Tool calls on nemo-gym's example_single_tool_call (POST /get_weather with a seeded session's cookie), driven by
+   wrk from its own process, at concurrency 1, 64 and 256, against: (a) a bare Starlette endpoint doing the same
+   work (the practical limit), (b) the server as Gym's own launcher runs it (`python app.py` with Gym's config in
+   the environment), (c) `gymhost serve` (uvicorn), (d) `gymhost serve --server hypercorn`.
+2. Episodes on the written gridsim server (in-process instances): seed, 4 tool calls, verify, from the load
+   generator's process, at concurrency 1, 64, 256; against the same tool call made directly to a gridsim
+   environment over MCP.
+3. Open episodes held by one server process (in-process instances), level by level up to 1,000: resident memory,
+   and one tool call on every open episode at each level.
+
+Run it with the nemo-gym 0.7.0 venv's Python (`make bench` does); `--quick` shortens every measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from omegaconf import OmegaConf
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+PYTHON = sys.executable
+CONCURRENCY = (1, 64, 256)
+EXAMPLE = "example_single_tool_call"
+PACKAGES = ("gymhost", "nemo-gym", "fastapi", "starlette", "uvicorn", "hypercorn", "httptools", "uvloop", "mcp",
+            "agentenv-framework-protocol", "httpx", "aiohttp")  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def server(command: list[str], url: str, *, cwd: Path | None = None, env: dict[str, str] | None = None,
+           ready: str = "/") -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+    process = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"{command} exited with {process.returncode}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + ready, timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        else:
+            raise RuntimeError(f"{command} did not answer at {url}")
+        yield process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def wrk(url: str, concurrency: int, seconds: int, cookie: str) -> dict[str, Any]:
+    command = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "--latency", "-s", str(HERE / "post.lua"), url]
+    out = subprocess.run(
+        command, capture_output=True, text=True, check=True, env={**os.environ, "COOKIE": cookie}
+    ).stdout
+    latency = {q: _ms(v) for q, v in re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, flags=re.MULTILINE)}
+    if set(latency) != {"50", "99"}:
+        raise RuntimeError(f"unreadable wrk output:\n{out}")
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    return {
+        "concurrency": concurrency,
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
+        "p50_ms": latency["50"],
+        "p99_ms": latency["99"],
+        "errors": int(non_2xx.group(1)) if non_2xx else 0,
+        "socket_errors": sum(int(n) for n in socket_errors.groups()) if socket_errors else 0,
+    }
+
+
+def _ms(value: str) -> float:
+    number, unit = re.match(r"([\d.]+)(\w+)", value).groups()  # type: ignore[union-attr]
+    return round(float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit], 3)
+
+
+def seed_cookie(url: str, row: dict[str, Any]) -> str:
+    response = httpx.post(f"{url}/seed_session", json=row, timeout=30)
+    response.raise_for_status()
+    return "; ".join(f"{name}={value}" for name, value in response.cookies.items())
+
+
+def gym_root() -> Path:
+    import resources_servers
+
+    return next(Path(p) for p in resources_servers.__path__ if (Path(p) / EXAMPLE).is_dir())
+
+
+def gym_launcher_env(folder: Path, port: int) -> dict[str, str]:
+    """What `gym env start` puts in a server's environment once its venv exists."""
+    config = OmegaConf.to_container(OmegaConf.load(folder / "configs" / f"{EXAMPLE}.yaml"))
+    assert isinstance(config, dict)
+    block = config[EXAMPLE]["resources_servers"][EXAMPLE]
+    block.update(host="127.0.0.1", port=port)
+    global_config = {
+        EXAMPLE: config[EXAMPLE],
+        "head_server": {"host": "127.0.0.1", "port": free_port()},
+        "dry_run": False,
+    }
+    return {
+        "NEMO_GYM_CONFIG_DICT": OmegaConf.to_yaml(OmegaConf.create(global_config)),
+        "NEMO_GYM_CONFIG_PATH": EXAMPLE,
+        "PYTHONPATH": str(folder),
+    }
+
+
+def tool_calls(seconds: int) -> dict[str, Any]:
+    folder = gym_root() / EXAMPLE
+    row = json.loads((folder / "data" / "example.jsonl").read_text().splitlines()[0])
+    gymhost = [PYTHON, "-m", "gymhost", "serve", str(folder), "--log-level", "warning"]
+    servers = {
+        "bare_starlette": lambda port: ([PYTHON, str(HERE / "bare_app.py"), str(port)], None, {}),
+        "gym_launcher": lambda port: ([PYTHON, "app.py"], folder, gym_launcher_env(folder, port)),
+        "gymhost_uvicorn": lambda port: ([*gymhost, "--port", str(port)], None, {}),
+        "gymhost_hypercorn": lambda port: ([*gymhost, "--port", str(port), "--server", "hypercorn"], None, {}),
+    }
+    results: dict[str, Any] = {}
+    for name, spec in servers.items():
+        port = free_port()
+        command, cwd, env = spec(port)
+        url = f"http://127.0.0.1:{port}"
+        with server(command, url, cwd=cwd, env=env):
+            cookie = seed_cookie(url, row) if name != "bare_starlette" else ""
+            wrk(f"{url}/get_weather", 16, 1, cookie)  # warm up
+            results[name] = [wrk(f"{url}/get_weather", c, seconds, cookie) for c in CONCURRENCY]
+        print(f"  tool calls, {name}: " + ", ".join(f"c={r['concurrency']} {r['rps']:.0f}/s" for r in results[name]))
+    return results
+
+
+def write_gridsim(root: Path, instances: int) -> Path:
+    from gymhost.agentenv import write_folder
+
+    return write_folder(str(REPO / "examples" / "gridsim_v1"), root, mode="in-process", instances=instances).path
+
+
+def loadgen(*args: str) -> dict[str, Any]:
+    out = subprocess.run([PYTHON, str(HERE / "loadgen.py"), *args], capture_output=True, text=True, check=True).stdout
+    result: dict[str, Any] = json.loads(out)
+    return result
+
+
+def episodes(root: Path, scale: float) -> dict[str, Any]:
+    folder = write_gridsim(root, instances=300)
+    rows = str(folder / "data" / "eval.jsonl")
+    port, env_port = free_port(), free_port()
+    url, env_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{env_port}"
+    through: list[dict[str, Any]] = []
+    direct: list[dict[str, Any]] = []
+    command = [PYTHON, "-m", "gymhost", "serve", str(folder), "--port", str(port), "--log-level", "warning"]
+    with server(command, url):
+        for c in CONCURRENCY:
+            count = max(c, int((100 if c == 1 else 6 * c) * scale))
+            through.append(loadgen("episodes", url, rows, "--concurrency", str(c), "--episodes", str(count),
+                                   "--looks", "4", "--moves", "0"))  # fmt: skip
+    env = {"MCP_HOST": "127.0.0.1", "MCP_PORT": str(env_port)}
+    bundle = folder / "bundle"
+    with server([PYTHON, str(bundle / "env.py")], env_url, cwd=bundle, env=env, ready="/.well-known/agent-env.json"):
+        seed = {"kind": "data", "data": {"size": [1, 10], "start": [0, 0], "goal": [0, 9]}}
+        rpc = {"jsonrpc": "2.0", "id": 1, "method": "data/add", "params": {"parts": [seed]}}
+        httpx.post(f"{env_url}/agentenv", json=rpc).raise_for_status()
+        for c, played in zip(CONCURRENCY, through, strict=True):
+            direct.append(loadgen("mcp", env_url, "--concurrency", str(c), "--calls", str(played["look"]["count"])))
+    for c, (a, b) in zip(CONCURRENCY, zip(through, direct, strict=True), strict=True):
+        print(f"  episodes c={c}: {a['episodes_per_s']}/s, tool call p50 {a['look']['p50_ms']} ms through gymhost, "
+              f"{b['look']['p50_ms']} ms direct")  # fmt: skip
+    return {"through_gymhost": through, "direct_mcp": direct}
+
+
+def concurrency(root: Path, levels: str) -> dict[str, Any]:
+    top = max(int(level) for level in levels.split(","))
+    folder = write_gridsim(root / "hold", instances=top + 50)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [PYTHON, "-m", "gymhost", "serve", str(folder), "--port", str(port), "--log-level", "warning"]
+    began = time.monotonic()
+    with server(command, url) as process:
+        startup_s = round(time.monotonic() - began, 1)
+        result = loadgen("hold", url, str(folder / "data" / "eval.jsonl"), "--pid", str(process.pid),
+                         "--levels", levels, "--batch", "64")  # fmt: skip
+    result["instances"] = top + 50
+    result["startup_s"] = startup_s
+    for level in result["levels"]:
+        p99 = level["look"].get("p99_ms")
+        print(f"  open episodes {level['open_episodes']}: {level['rss_mb']} MB, tool call p99 {p99} ms")
+    return result
+
+
+def machine() -> dict[str, Any]:
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())  # fmt: skip
+    versions = {}
+    for package in PACKAGES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[package] = importlib.metadata.version(package)
+    wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0]
+    return {"cores": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "os": platform.platform(),
+            "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+            "packages": versions, "wrk": wrk_version}  # fmt: skip
+
+
+def ratios(results: dict[str, Any]) -> dict[str, Any]:
+    calls = results["tool_calls"]
+    by = {name: {r["concurrency"]: r for r in rows} for name, rows in calls.items()}
+    out: dict[str, Any] = {"tool_call_throughput": {}, "bridge_latency": {}}
+    for c in CONCURRENCY:
+        gh = by["gymhost_uvicorn"][c]["rps"]
+        out["tool_call_throughput"][str(c)] = {
+            "gymhost_vs_gym_launcher": round(gh / by["gym_launcher"][c]["rps"], 2),
+            "gymhost_vs_bare": round(gh / by["bare_starlette"][c]["rps"], 2),
+            "hypercorn_vs_gym_launcher": round(by["gymhost_hypercorn"][c]["rps"] / by["gym_launcher"][c]["rps"], 2),
+        }
+    for through, direct in zip(results["episodes"]["through_gymhost"], results["episodes"]["direct_mcp"], strict=True):
+        out["bridge_latency"][str(through["concurrency"])] = {
+            "p50": round(through["look"]["p50_ms"] / direct["look"]["p50_ms"], 2),
+            "mean": round(through["look"]["mean_ms"] / direct["look"]["mean_ms"], 2),
+        }
+    levels = results["concurrency"]["levels"]
+    clean = [level for level in levels if not level["seed_errors"] and not level["call_errors"]]
+    if clean:
+        top = clean[-1]
+        out["max_open_episodes_without_errors"] = top["open_episodes"]
+        per = (top["rss_mb"] - results["concurrency"]["baseline_rss_mb"]) / max(1, top["open_episodes"])
+        out["rss_kb_per_open_episode"] = round(per * 1024, 1)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="short measurements, for checking the harness")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("bench: wrk is not installed (Debian: apt-get install wrk); `make bench` installs it")
+    seconds, scale, levels = (2, 0.25, "50,100") if args.quick else (5, 1.0, "100,250,500,750,1000")
+    results: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                               "machine": machine(), "quick": args.quick}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="gymhost-bench-") as scratch:
+        print("tool calls (wrk):")
+        results["tool_calls"] = tool_calls(seconds)
+        print("episodes:")
+        results["episodes"] = episodes(Path(scratch), scale)
+        print("open episodes:")
+        results["concurrency"] = concurrency(Path(scratch), levels)
+    results["ratios"] = ratios(results)
+    stamp = results["date"][:10] + ("-quick" if args.quick else "")
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / f"{stamp}.json").write_text(json.dumps(results, indent=2) + "\n")
+    from report import update_readme, write_plot
+
+    write_plot(results, HERE / "concurrency.svg")
+    update_readme(results, HERE / "README.md", f"results/{stamp}.json")
+    print(json.dumps(results["ratios"], indent=2))
+
+
+if __name__ == "__main__":
+    main()
