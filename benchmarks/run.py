@@ -4,7 +4,8 @@ the table in benchmarks/README.md.
 1. Tool calls on nemo-gym's example_single_tool_call (POST /get_weather with a seeded session's cookie), driven by
    wrk from its own process, at concurrency 1, 64 and 256, against: (a) a bare Starlette endpoint doing the same
    work (the practical limit), (b) the server as Gym's own launcher runs it (`python app.py` with Gym's config in
-   the environment), (c) `gymhost serve` (uvicorn), (d) `gymhost serve --server hypercorn`.
+   the environment), (c) `gymhost serve` (uvicorn), (d) `gymhost serve --server hypercorn`, and, for reference,
+   a plain FastAPI route with the same models and no middleware (FastAPI's floor, which every Gym server is on).
 2. Episodes on the written gridsim server (in-process instances): seed, 4 tool calls, verify, from the load
    generator's process, at concurrency 1, 64, 256; against the same tool call made directly to a gridsim
    environment over MCP.
@@ -140,6 +141,7 @@ def tool_calls(seconds: int) -> dict[str, Any]:
     gymhost = [PYTHON, "-m", "gymhost", "serve", str(folder), "--log-level", "warning"]
     servers = {
         "bare_starlette": lambda port: ([PYTHON, str(HERE / "bare_app.py"), str(port)], None, {}),
+        "plain_fastapi": lambda port: ([PYTHON, str(HERE / "fastapi_app.py"), str(port)], None, {}),
         "gym_launcher": lambda port: ([PYTHON, "app.py"], folder, gym_launcher_env(folder, port)),
         "gymhost_uvicorn": lambda port: ([*gymhost, "--port", str(port)], None, {}),
         "gymhost_hypercorn": lambda port: ([*gymhost, "--port", str(port), "--server", "hypercorn"], None, {}),
@@ -150,7 +152,7 @@ def tool_calls(seconds: int) -> dict[str, Any]:
         command, cwd, env = spec(port)
         url = f"http://127.0.0.1:{port}"
         with server(command, url, cwd=cwd, env=env):
-            cookie = seed_cookie(url, row) if name != "bare_starlette" else ""
+            cookie = seed_cookie(url, row) if name not in ("bare_starlette", "plain_fastapi") else ""
             wrk(f"{url}/get_weather", 16, 1, cookie)  # warm up
             results[name] = [wrk(f"{url}/get_weather", c, seconds, cookie) for c in CONCURRENCY]
         print(f"  tool calls, {name}: " + ", ".join(f"c={r['concurrency']} {r['rps']:.0f}/s" for r in results[name]))
@@ -237,6 +239,8 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
         out["tool_call_throughput"][str(c)] = {
             "gymhost_vs_gym_launcher": round(gh / by["gym_launcher"][c]["rps"], 2),
             "gymhost_vs_bare": round(gh / by["bare_starlette"][c]["rps"], 2),
+            "gymhost_vs_plain_fastapi": round(gh / by["plain_fastapi"][c]["rps"], 2),
+            "plain_fastapi_vs_bare": round(by["plain_fastapi"][c]["rps"] / by["bare_starlette"][c]["rps"], 2),
             "hypercorn_vs_gym_launcher": round(by["gymhost_hypercorn"][c]["rps"] / by["gym_launcher"][c]["rps"], 2),
         }
     for through, direct in zip(results["episodes"]["through_gymhost"], results["episodes"]["direct_mcp"], strict=True):

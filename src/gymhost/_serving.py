@@ -97,8 +97,11 @@ class _Lifespan:
         self.startup_error: str | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
         router: Any = getattr(self.app, "router", None)
-        if scope["type"] != "lifespan" or not hasattr(router, "lifespan_context"):
+        if not hasattr(router, "lifespan_context"):
             await self.app(scope, receive, send)
             return
         await receive()  # lifespan.startup

@@ -10,6 +10,7 @@ importing this module, and a traceback through its importer would bury the messa
 
 from __future__ import annotations
 
+import gc
 import os
 
 from ._app import create_app
@@ -35,3 +36,6 @@ def _app_from_environment() -> object:
 
 
 app = _app_from_environment()
+# As `gymhost serve` does: what the imports created lives as long as the server, so the collector need not walk it.
+gc.collect()
+gc.freeze()
