@@ -135,7 +135,9 @@ def gym_launcher_env(folder: Path, port: int) -> dict[str, str]:
     }
 
 
-def tool_calls(seconds: int) -> dict[str, Any]:
+def tool_calls(seconds: int, rounds: int) -> dict[str, Any]:
+    """All servers up at once, measured in turn, round after round; each point is the median of its rounds, so a
+    machine that slows down for a minute slows every server's numbers alike."""
     folder = gym_root() / EXAMPLE
     row = json.loads((folder / "data" / "example.jsonl").read_text().splitlines()[0])
     gymhost = [PYTHON, "-m", "gymhost", "serve", str(folder), "--log-level", "warning"]
@@ -146,17 +148,35 @@ def tool_calls(seconds: int) -> dict[str, Any]:
         "gymhost_uvicorn": lambda port: ([*gymhost, "--port", str(port)], None, {}),
         "gymhost_hypercorn": lambda port: ([*gymhost, "--port", str(port), "--server", "hypercorn"], None, {}),
     }
-    results: dict[str, Any] = {}
-    for name, spec in servers.items():
-        port = free_port()
-        command, cwd, env = spec(port)
-        url = f"http://127.0.0.1:{port}"
-        with server(command, url, cwd=cwd, env=env):
+    samples: dict[str, dict[int, list[dict[str, Any]]]] = {name: {c: [] for c in CONCURRENCY} for name in servers}
+    with contextlib.ExitStack() as stack:
+        targets = {}
+        for name, spec in servers.items():
+            port = free_port()
+            command, cwd, env = spec(port)
+            url = f"http://127.0.0.1:{port}"
+            stack.enter_context(server(command, url, cwd=cwd, env=env))
             cookie = seed_cookie(url, row) if name not in ("bare_starlette", "plain_fastapi") else ""
             wrk(f"{url}/get_weather", 16, 1, cookie)  # warm up
-            results[name] = [wrk(f"{url}/get_weather", c, seconds, cookie) for c in CONCURRENCY]
-        print(f"  tool calls, {name}: " + ", ".join(f"c={r['concurrency']} {r['rps']:.0f}/s" for r in results[name]))
+            targets[name] = (url, cookie)
+        for _ in range(rounds):
+            for c in CONCURRENCY:
+                for name, (url, cookie) in targets.items():
+                    samples[name][c].append(wrk(f"{url}/get_weather", c, seconds, cookie))
+    results = {name: [_median_run(samples[name][c]) for c in CONCURRENCY] for name in servers}
+    for name, rows in results.items():
+        print(f"  tool calls, {name}: " + ", ".join(f"c={r['concurrency']} {r['rps']:.0f}/s" for r in rows))
     return results
+
+
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median throughput, with every round's throughput and the errors of all rounds."""
+    ordered = sorted(runs, key=lambda run: run["rps"])
+    chosen = dict(ordered[len(ordered) // 2])
+    chosen["rounds_rps"] = [run["rps"] for run in runs]
+    chosen["errors"] = sum(run["errors"] for run in runs)
+    chosen["socket_errors"] = sum(run["socket_errors"] for run in runs)
+    return chosen
 
 
 def write_gridsim(root: Path, instances: int) -> Path:
@@ -177,30 +197,49 @@ def episodes(root: Path, scale: float) -> dict[str, Any]:
     port, env_port = free_port(), free_port()
     url, env_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{env_port}"
     through: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
     direct: list[dict[str, Any]] = []
     command = [PYTHON, "-m", "gymhost", "serve", str(folder), "--port", str(port), "--log-level", "warning"]
     with server(command, url):
         for c in CONCURRENCY:
-            count = max(c, int((100 if c == 1 else 6 * c) * scale))
-            through.append(loadgen("episodes", url, rows, "--concurrency", str(c), "--episodes", str(count),
+            short = max(c, int((100 if c == 1 else 6 * c) * scale))
+            through.append(loadgen("episodes", url, rows, "--concurrency", str(c), "--episodes", str(short),
                                    "--looks", "4", "--moves", "0"))  # fmt: skip
+            # For the bridge's overhead, long episodes (40 tool calls): nearly every worker is in a tool call at any
+            # moment, as every worker of the direct run is, so both sides carry the same load.
+            long = max(c, int((10 if c == 1 else 2 * c) * scale))
+            calls.append(loadgen("episodes", url, rows, "--concurrency", str(c), "--episodes", str(long),
+                                 "--looks", "40", "--moves", "0"))  # fmt: skip
     env = {"MCP_HOST": "127.0.0.1", "MCP_PORT": str(env_port)}
     bundle = folder / "bundle"
     with server([PYTHON, str(bundle / "env.py")], env_url, cwd=bundle, env=env, ready="/.well-known/agent-env.json"):
         seed = {"kind": "data", "data": {"size": [1, 10], "start": [0, 0], "goal": [0, 9]}}
         rpc = {"jsonrpc": "2.0", "id": 1, "method": "data/add", "params": {"parts": [seed]}}
         httpx.post(f"{env_url}/agentenv", json=rpc).raise_for_status()
-        for c, played in zip(CONCURRENCY, through, strict=True):
+        for c, played in zip(CONCURRENCY, calls, strict=True):
             direct.append(loadgen("mcp", env_url, "--concurrency", str(c), "--calls", str(played["look"]["count"])))
-    for c, (a, b) in zip(CONCURRENCY, zip(through, direct, strict=True), strict=True):
-        print(f"  episodes c={c}: {a['episodes_per_s']}/s, tool call p50 {a['look']['p50_ms']} ms through gymhost, "
-              f"{b['look']['p50_ms']} ms direct")  # fmt: skip
-    return {"through_gymhost": through, "direct_mcp": direct}
+    for c, a, b, d in zip(CONCURRENCY, through, calls, direct, strict=True):
+        print(f"  episodes c={c}: {a['episodes_per_s']}/s; tool call p50 {b['look']['p50_ms']} ms through gymhost, "
+              f"{d['look']['p50_ms']} ms direct")  # fmt: skip
+    return {"through_gymhost": through, "tool_calls_through_gymhost": calls, "direct_mcp": direct}
+
+
+def resident_mb(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 1024
 
 
 def concurrency(root: Path, levels: str) -> dict[str, Any]:
     top = max(int(level) for level in levels.split(","))
-    folder = write_gridsim(root / "hold", instances=top + 50)
+    instances = top + 50
+    # What an idle instance costs: the same server with one instance, against the one with all of them.
+    small = write_gridsim(root / "one", instances=1)
+    port = free_port()
+    with server([PYTHON, "-m", "gymhost", "serve", str(small), "--port", str(port), "--log-level", "warning"],
+                f"http://127.0.0.1:{port}") as process:  # fmt: skip
+        time.sleep(0.5)
+        one_instance_mb = resident_mb(process.pid)
+    folder = write_gridsim(root / "hold", instances=instances)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [PYTHON, "-m", "gymhost", "serve", str(folder), "--port", str(port), "--log-level", "warning"]
@@ -209,8 +248,10 @@ def concurrency(root: Path, levels: str) -> dict[str, Any]:
         startup_s = round(time.monotonic() - began, 1)
         result = loadgen("hold", url, str(folder / "data" / "eval.jsonl"), "--pid", str(process.pid),
                          "--levels", levels, "--batch", "64")  # fmt: skip
-    result["instances"] = top + 50
+    result["instances"] = instances
     result["startup_s"] = startup_s
+    result["one_instance_rss_mb"] = round(one_instance_mb, 1)
+    result["rss_kb_per_instance"] = round((result["baseline_rss_mb"] - one_instance_mb) * 1024 / (instances - 1), 1)
     for level in result["levels"]:
         p99 = level["look"].get("p99_ms")
         print(f"  open episodes {level['open_episodes']}: {level['rss_mb']} MB, tool call p99 {p99} ms")
@@ -243,7 +284,8 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
             "plain_fastapi_vs_bare": round(by["plain_fastapi"][c]["rps"] / by["bare_starlette"][c]["rps"], 2),
             "hypercorn_vs_gym_launcher": round(by["gymhost_hypercorn"][c]["rps"] / by["gym_launcher"][c]["rps"], 2),
         }
-    for through, direct in zip(results["episodes"]["through_gymhost"], results["episodes"]["direct_mcp"], strict=True):
+    episodes = results["episodes"]
+    for through, direct in zip(episodes["tool_calls_through_gymhost"], episodes["direct_mcp"], strict=True):
         out["bridge_latency"][str(through["concurrency"])] = {
             "p50": round(through["look"]["p50_ms"] / direct["look"]["p50_ms"], 2),
             "mean": round(through["look"]["mean_ms"] / direct["look"]["mean_ms"], 2),
@@ -253,8 +295,11 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
     if clean:
         top = clean[-1]
         out["max_open_episodes_without_errors"] = top["open_episodes"]
-        per = (top["rss_mb"] - results["concurrency"]["baseline_rss_mb"]) / max(1, top["open_episodes"])
+        held = results["concurrency"]
+        per = (top["rss_mb"] - held["baseline_rss_mb"]) / max(1, top["open_episodes"])
         out["rss_kb_per_open_episode"] = round(per * 1024, 1)
+        out["rss_kb_per_instance"] = held["rss_kb_per_instance"]
+        out["rss_kb_per_open_episode_with_its_instance"] = round(per * 1024 + held["rss_kb_per_instance"], 1)
     return out
 
 
@@ -264,12 +309,12 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("bench: wrk is not installed (Debian: apt-get install wrk); `make bench` installs it")
-    seconds, scale, levels = (2, 0.25, "50,100") if args.quick else (5, 1.0, "100,250,500,750,1000")
+    seconds, rounds, scale, levels = (1, 1, 0.25, "50,100") if args.quick else (4, 3, 1.0, "100,250,500,750,1000")
     results: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                                "machine": machine(), "quick": args.quick}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gymhost-bench-") as scratch:
         print("tool calls (wrk):")
-        results["tool_calls"] = tool_calls(seconds)
+        results["tool_calls"] = tool_calls(seconds, rounds)
         print("episodes:")
         results["episodes"] = episodes(Path(scratch), scale)
         print("open episodes:")

@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, py
 SLOW_SERVER = """\
 import asyncio
 
+import anyio
 from fastapi import FastAPI
 from pydantic import BaseModel
 
@@ -32,7 +33,7 @@ class Wait(BaseModel):
 
 class SlowServer(SimpleResourcesServer):
     config: BaseResourcesServerConfig
-    counts: dict[str, int] = {"started": 0, "finished": 0, "cancelled": 0}
+    counts: dict[str, int] = {"started": 0, "finished": 0, "cancelled": 0, "cleaned_up": 0}
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()
@@ -46,6 +47,9 @@ class SlowServer(SimpleResourcesServer):
             await asyncio.sleep(body.seconds)
         except asyncio.CancelledError:
             self.counts["cancelled"] += 1
+            with anyio.CancelScope(shield=True):  # cleanup a handler protects from cancellation finishes
+                await asyncio.sleep(0.2)
+                self.counts["cleaned_up"] += 1
             raise
         self.counts["finished"] += 1
         return {"waited": body.seconds}
@@ -75,10 +79,10 @@ async def test_a_client_that_gives_up_cancels_the_handler(tmp_path: Path, gym_ve
         async with httpx.AsyncClient(base_url=server.url) as client:
             while time.monotonic() < deadline:
                 counts = (await client.post("/counts", json={})).json()
-                if counts["cancelled"] or gym_version < (0, 5):
+                if counts["cleaned_up"] or gym_version < (0, 5):
                     break
                 await asyncio.sleep(0.1)
     if gym_version >= (0, 5):  # nemo-gym 0.5+ cancels on disconnect; gymhost keeps that, on plain asyncio
-        assert counts == {"started": 4, "finished": 3, "cancelled": 1}
+        assert counts == {"started": 4, "finished": 3, "cancelled": 1, "cleaned_up": 1}
     else:  # 0.4.0 never did: the handler runs to its end
         assert counts["cancelled"] == 0

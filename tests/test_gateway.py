@@ -228,3 +228,53 @@ async def test_asgi_module_serves_a_root(root: Path) -> None:
         async with httpx.AsyncClient(base_url=url) as client:
             assert len((await client.get("/")).json()["servers"]) == 3
             assert await play_gridsim(client, "/gridsim_a", rows(root / "resources_servers" / "gridsim_a")[0]) == 1.0
+
+
+async def test_an_mcp_token_of_one_server_is_no_token_at_another(gym_root: Path) -> None:
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    folder = gym_root / "example_mcp_weather"
+    gateway = create_gateway({"/a": create_app(folder, name="weather_a"), "/b": create_app(folder, name="weather_b")})
+    row = example_rows(folder)[0]
+
+    async def get_weather(prefix: str, headers: dict[str, str], transport: Any) -> Any:
+        async with (
+            httpx.AsyncClient(transport=transport, headers=headers) as http,
+            streamable_http_client(f"{BASE}{prefix}/mcp", http_client=http) as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            return await session.call_tool("get_weather", {"city": "Paris"})
+
+    async with running(gateway) as client:
+        transport = client._transport
+        token_a = (await client.post("/a/seed_session", json=row)).json()["mcp"]["headers"]
+        token_b = (await client.post("/b/seed_session", json=row)).json()["mcp"]["headers"]
+        assert not (await get_weather("/a", token_a, transport)).isError
+        assert not (await get_weather("/b", token_b, transport)).isError
+        refused = await get_weather("/b", token_a, transport)
+        assert refused.isError
+        text = refused.content[0].text  # type: ignore[union-attr]
+        assert "Invalid Gym MCP session token" in text or "X-NeMo-Gym-Session-Token" in text
+
+
+def test_bundles_sharing_a_sibling_module_name_each_get_their_own(tmp_path: Path) -> None:
+    from .agentenv_helpers import make_bundle
+
+    apps = {}
+    for name in ("alpha", "beta"):
+        bundle = make_bundle(tmp_path / name, name=f"{name}_v1")
+        (bundle / "helpers.py").write_text(f"NAME = {name!r}\n")
+        env = (bundle / "env.py").read_text()
+        env = env.replace('@environment_card(name="counter")', "@environment_card(name=NAME)")
+        (bundle / "env.py").write_text("from helpers import NAME\n" + env)
+        written = write_folder(str(bundle), tmp_path / "root", mode="in-process", instances=1)
+        apps[f"/{name}"] = written.path
+
+    async def names() -> list[str]:
+        gateway = create_gateway(apps)
+        async with running(gateway) as client:
+            return [(await client.get(f"{prefix}/agentenv/pool")).json()["environment"] for prefix in apps]
+
+    assert asyncio.run(names()) == ["alpha", "beta"]

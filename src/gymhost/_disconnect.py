@@ -12,6 +12,10 @@ becomes the only reader of the ASGI ``receive`` channel, forwards what it reads 
 handler if the client disconnects before the response is complete. Until then the handler reads ``receive``
 itself, exactly as without the middleware (the listener waits while the handler is reading, so the two never
 read at once). Nothing is sent after a disconnect.
+
+The handler runs in an anyio cancel scope (a few microseconds, no task group), and a disconnect cancels that scope,
+as Gym's middleware does: shielded cleanup inside the handler is respected, and the cancellation ends at the
+scope instead of lingering on the server's task.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["DisconnectCancellationMiddleware"]
@@ -33,32 +38,40 @@ class DisconnectCancellationMiddleware:
         self.num_cancelled = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = asyncio.current_task()
-        if scope["type"] != "http" or handler is None:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        watch = _Watch(self, handler, receive)
-        try:
-            await self.app(scope, watch.receive, watch.send(send))
-        except asyncio.CancelledError:
-            if not watch.disconnected or handler.uncancel() > 0:
-                raise  # cancelled for another reason too (the server is stopping): let it propagate
+        with anyio.CancelScope() as cancel_scope:
+            watch = _Watch(self, cancel_scope, receive, send)
+            try:
+                await self.app(scope, watch.receive, watch.send)
+            finally:
+                watch.stop()
+        if watch.disconnected:
             self.num_cancelled += 1
             client = scope.get("client") or ("-", "-")
             logger.info('%s:%s - "%s %s" 499 client disconnected', *client, scope.get("method"), scope.get("path"))
-        finally:
-            watch.stop()
 
 
 class _Watch:
     """One request: ``receive`` is the handler's until a listener takes it over, which only a slow request gets."""
 
+    __slots__ = (
+        "cancel_scope", "complete", "disconnected", "downstream", "forwarded", "listener", "middleware", "reading",
+        "timer", "upstream",
+    )  # fmt: skip
+
     def __init__(
-        self, middleware: DisconnectCancellationMiddleware, handler: asyncio.Task[object], receive: Receive
+        self,
+        middleware: DisconnectCancellationMiddleware,
+        cancel_scope: anyio.CancelScope,
+        receive: Receive,
+        send: Send,
     ) -> None:
         self.middleware = middleware
-        self.handler = handler
+        self.cancel_scope = cancel_scope
         self.upstream = receive
+        self.downstream = send
         self.reading = 0
         self.complete = False
         self.disconnected = False
@@ -75,15 +88,12 @@ class _Watch:
         finally:
             self.reading -= 1
 
-    def send(self, send: Send) -> Send:
-        async def send_message(message: Message) -> None:
-            if self.disconnected:
-                return
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                self.complete = True
-
-        return send_message
+    async def send(self, message: Message) -> None:
+        if self.disconnected:
+            return
+        await self.downstream(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.complete = True
 
     def stop(self) -> None:
         self.timer.cancel()
@@ -108,5 +118,5 @@ class _Watch:
                 # Servers answer http.disconnect once the response is complete; only an early one cancels.
                 if not self.complete:
                     self.disconnected = True
-                    self.handler.cancel()
+                    self.cancel_scope.cancel()
                 return

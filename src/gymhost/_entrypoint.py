@@ -24,7 +24,7 @@ from typing import Any
 from ._exceptions import FolderError, ServerClassError
 from ._folder import ServerSpec
 
-__all__ = ["find_server_class", "import_entrypoint"]
+__all__ = ["find_server_class", "import_entrypoint", "own_siblings"]
 
 
 def import_entrypoint(spec: ServerSpec) -> ModuleType:
@@ -37,7 +37,7 @@ def import_entrypoint(spec: ServerSpec) -> ModuleType:
 
     Top-level sibling imports (``from util import x``, as Gym's launcher allows by putting the folder on
     ``PYTHONPATH``) resolve to this folder's files even when another folder already imported a module of the
-    same name into this process; see ``_own_siblings``.
+    same name into this process; see ``own_siblings``.
     """
     package = _register_package(spec.folder)
     name = f"{package}.{spec.entrypoint.stem}"
@@ -50,7 +50,7 @@ def import_entrypoint(spec: ServerSpec) -> ModuleType:
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
     try:
-        with _own_siblings(spec.folder, package):
+        with own_siblings(spec.folder, package):
             module_spec.loader.exec_module(module)
     except ModuleNotFoundError as error:
         del sys.modules[name]
@@ -170,7 +170,7 @@ def _create_package(name: str, folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def _own_siblings(folder: Path, package: str) -> Iterator[None]:
+def own_siblings(folder: Path, package: str) -> Iterator[None]:
     """While the entrypoint imports, its folder comes first on ``sys.path`` and owns its top-level sibling names.
 
     Two Gym folders may both have a ``util.py``. The one imported second would otherwise get the first one's

@@ -8,8 +8,9 @@ the server class are untouched.
   ``ExceptionMiddleware``, with the same answers (see ``_exception_middleware``).
 - Disconnects (nemo-gym 0.5+): ``ClientDisconnectCancellationMiddleware`` becomes the plain-asyncio
   ``DisconnectCancellationMiddleware``, same behaviour at a fraction of the cost (see ``_disconnect``).
-- MCP session tokens: Gym signs them with the same public string; they are signed with the process secret instead
-  (0.4.0's ``MCPResourcesServer._mcp_token_serializer``; 0.5+'s auto-exposure reads the key once, at install).
+- MCP session tokens: Gym signs them with the same public string; they are signed with a key derived from the
+  process secret and that string instead, so a token of one server is no token at another (0.4.0's
+  ``MCPResourcesServer._mcp_token_serializer``; 0.5+'s auto-exposure reads the key once, at install).
 - Rollout paths (nemo-gym 0.5+): ``RolloutContextMiddleware`` matches ``/ng-rollout/<id>/...`` against the full
   path, which under a mount still starts with the prefix; the replacement matches below the mount.
 """
@@ -26,7 +27,7 @@ from starlette.middleware.sessions import SessionMiddleware as StarletteSessionM
 
 from ._disconnect import DisconnectCancellationMiddleware
 from ._exception_middleware import ExceptionMiddleware
-from ._sessions import SessionMiddleware, process_secret
+from ._sessions import SessionMiddleware, server_secret
 
 __all__ = [
     "install_disconnect_cancellation",
@@ -92,15 +93,15 @@ def secret_mcp_tokens(server: Any) -> None:
     from nemo_gym import base_resources_server
 
     salt = getattr(base_resources_server, "_MCP_TOKEN_SALT", "nemo-gym-mcp-session-token")
-    serializer = URLSafeSerializer(process_secret(), salt=salt)
+    serializer = URLSafeSerializer(server_secret(server.get_session_middleware_key()), salt=salt)
     object.__setattr__(server, "_mcp_token_serializer", lambda: serializer)
 
 
 @contextlib.contextmanager
 def signing_mcp_tokens_with_secret(server: Any) -> Iterator[None]:
     """nemo-gym 0.5+: auto-exposure builds its token serializer from ``get_session_middleware_key()`` when it is
-    installed; for that moment the key is the process secret. Everything else keeps reading the public name."""
-    secret = process_secret()
+    installed; for that moment the key is this server's secret. Everything else keeps reading the public name."""
+    secret = server_secret(server.get_session_middleware_key())
     key: Callable[[], str] = lambda: secret  # noqa: E731
     object.__setattr__(server, "get_session_middleware_key", key)
     try:

@@ -19,6 +19,8 @@ cookies.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import secrets
@@ -29,11 +31,10 @@ from uuid import uuid4
 
 import itsdangerous
 from itsdangerous.exc import BadSignature
-from starlette.datastructures import MutableHeaders
 from starlette.middleware.sessions import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["SECRET_ENV_VAR", "SESSION_ID_KEY", "SessionMiddleware", "process_secret"]
+__all__ = ["SECRET_ENV_VAR", "SESSION_ID_KEY", "SessionMiddleware", "process_secret", "server_secret"]
 
 SECRET_ENV_VAR = "GYMHOST_SECRET"
 SESSION_ID_KEY = "session_id"  # nemo_gym.server_utils.SESSION_ID_KEY
@@ -54,6 +55,12 @@ def process_secret() -> str:
     return _random_secret
 
 
+def server_secret(server_key: str) -> str:
+    """A key of one server's own (its public ``<Class>___<name>``), derived from the process secret: what one
+    server signs (an MCP session token) means nothing to another."""
+    return hmac.new(process_secret().encode(), server_key.encode(), hashlib.sha256).hexdigest()
+
+
 class SessionMiddleware:
     def __init__(
         self,
@@ -71,9 +78,9 @@ class SessionMiddleware:
         self.max_age = max_age
         self.flags = f"httponly; samesite={same_site}" + ("; secure" if https_only else "")
         self._signers: dict[str, itsdangerous.TimestampSigner] = {}
-        # Cookies already verified, by (mount, value): an episode sends the same cookie on every call, and checking
-        # its signature each time was the larger part of this middleware's cost.
-        self._verified: dict[tuple[str, str], tuple[float, dict[str, Any]]] = {}
+        # Cookies already verified, by (mount, value), with when they were signed and their JSON: an episode sends
+        # the same cookie on every call, and checking its signature each time was most of this middleware's cost.
+        self._verified: dict[tuple[str, str], tuple[float, str]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -81,8 +88,8 @@ class SessionMiddleware:
             return
         mount = scope.get("root_path") or ""
         signer = self._signer(mount)
-        raw, loaded = self._load(scope, mount, signer)
-        session = Session(loaded)
+        raw, signed_at, payload = self._load(scope, mount, signer)
+        session = Session(self._decode(payload))
         if SESSION_ID_KEY not in session:
             session[SESSION_ID_KEY] = str(uuid4())
         scope["session"] = session
@@ -91,18 +98,32 @@ class SessionMiddleware:
         async def send_with_cookie(message: Message) -> None:
             if message["type"] == "http.response.start":
                 current: dict[str, Any] = scope["session"]
+                cookie = None
                 if current:
-                    # An unchanged session goes back as the cookie that came in: no signing on every tool call.
-                    if raw is not None and current == loaded:
-                        value = raw
+                    encoded = json.dumps(current)
+                    if raw is not None and encoded == payload and self._fresh(signed_at):
+                        value = raw  # unchanged (compared as JSON, so changes inside nested values count)
                     else:
-                        value = signer.sign(b64encode(json.dumps(current).encode())).decode()
+                        value = signer.sign(b64encode(encoded.encode())).decode()
                     max_age = f"Max-Age={self.max_age}; " if self.max_age is not None else ""
                     cookie = f"{self.cookie_name}={value}; path={cookie_path}; {max_age}{self.flags}"
-                    MutableHeaders(scope=message).append("Set-Cookie", cookie)
+                elif raw is not None:  # the handler cleared the session: the client drops the cookie
+                    expired = "expires=Thu, 01 Jan 1970 00:00:00 GMT; "
+                    cookie = f"{self.cookie_name}=null; path={cookie_path}; {expired}{self.flags}"
+                # Appended as raw header pairs: building a MutableHeaders per response cost more than the rest.
+                headers = list(message.get("headers", ()))
+                headers.append((b"vary", b"Cookie"))
+                if cookie is not None:
+                    headers.append((b"set-cookie", cookie.encode("latin-1")))
+                message["headers"] = headers
             await send(message)
 
         await self.app(scope, receive, send_with_cookie)
+
+    def _fresh(self, signed_at: float) -> bool:
+        """An unchanged session goes back as the cookie that came in, until half its life is used: then it is
+        signed again, so a session in use keeps sliding forward as Starlette's does."""
+        return self.max_age is None or time.time() - signed_at < self.max_age / 2
 
     def _signer(self, mount: str) -> itsdangerous.TimestampSigner:
         signer = self._signers.get(mount)
@@ -110,28 +131,33 @@ class SessionMiddleware:
             signer = self._signers[mount] = itsdangerous.TimestampSigner(self.secret, salt=f"{_SALT}:{mount}")
         return signer
 
-    def _load(
-        self, scope: Scope, mount: str, signer: itsdangerous.TimestampSigner
-    ) -> tuple[str | None, dict[str, Any]]:
-        """The cookie's value and its session, when it is validly signed for this mount."""
+    def _load(self, scope: Scope, mount: str, signer: itsdangerous.TimestampSigner) -> tuple[str | None, float, str]:
+        """The cookie's value, when it was signed, and its JSON payload, if validly signed for this mount."""
         raw = self._cookie(scope)
         if not raw:
-            return None, {}
+            return None, 0.0, ""
         known = self._verified.get((mount, raw))
-        if known is not None and time.time() < known[0]:
-            return raw, known[1]
+        if known is None or (self.max_age is not None and time.time() >= known[0] + self.max_age):
+            try:
+                payload, stamp = signer.unsign(raw.encode(), max_age=self.max_age, return_timestamp=True)
+                known = (stamp.timestamp(), b64decode(payload).decode())
+            except (BadSignature, ValueError):
+                return None, 0.0, ""
+            if len(self._verified) >= _VERIFIED_KEPT:
+                self._verified.clear()
+            self._verified[(mount, raw)] = known
+        return raw, known[0], known[1]
+
+    @staticmethod
+    def _decode(payload: str) -> dict[str, Any]:
+        """A fresh session dict per request: nothing a handler changes reaches the cache of verified cookies."""
+        if not payload:
+            return {}
         try:
-            signed, stamp = signer.unsign(raw.encode(), max_age=self.max_age, return_timestamp=True)
-            data = json.loads(b64decode(signed))
-        except (BadSignature, ValueError):
-            return None, {}
-        if not isinstance(data, dict):
-            return None, {}
-        if len(self._verified) >= _VERIFIED_KEPT:
-            self._verified.clear()
-        expires = stamp.timestamp() + self.max_age if self.max_age is not None else float("inf")
-        self._verified[(mount, raw)] = (expires, data)
-        return raw, data
+            data = json.loads(payload)
+        except ValueError:
+            return {}
+        return data if isinstance(data, dict) else {}
 
     def _cookie(self, scope: Scope) -> str | None:
         """This middleware's cookie from the Cookie header(s), without parsing every other cookie."""

@@ -11,6 +11,7 @@ importing this module, and a traceback through its importer would bury the messa
 from __future__ import annotations
 
 import gc
+import logging
 import os
 
 from ._app import create_app
@@ -36,6 +37,17 @@ def _app_from_environment() -> object:
 
 
 app = _app_from_environment()
+from ._sessions import SECRET_ENV_VAR  # noqa: E402  (needs nemo-gym's itsdangerous; the app above needed nemo-gym)
+
+if not os.environ.get(SECRET_ENV_VAR):
+    # Under `--workers N` (uvicorn, gunicorn) each worker would make its own random secret and refuse the others'
+    # session cookies: say so where the choice is made.
+    logging.getLogger("gymhost").warning(
+        "%s is not set: this process signs sessions with a random secret of its own; workers or replicas serving "
+        "the same clients must share one %s",
+        SECRET_ENV_VAR,
+        SECRET_ENV_VAR,
+    )
 # As `gymhost serve` does: what the imports created lives as long as the server, so the collector need not walk it.
 gc.collect()
 gc.freeze()

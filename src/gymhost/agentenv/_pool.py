@@ -32,6 +32,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from .._entrypoint import own_siblings
 from .._exceptions import GymhostError
 from .._logging import fastmcp_leaves_logging_alone
 from ._env_client import DataPlaneError, EnvClient, EnvUnavailableError
@@ -111,8 +112,6 @@ def load_environment_class(bundle: Path) -> type[Any]:
     from agentenv_protocol import AgentEnvEnvironment
 
     entry = bundle / ENTRY
-    if str(bundle) not in sys.path:
-        sys.path.insert(0, str(bundle))
     name = f"gymhost_bundle_env_{hashlib.sha1(str(entry).encode()).hexdigest()[:10]}"
     module = sys.modules.get(name)
     if module is None:
@@ -122,7 +121,9 @@ def load_environment_class(bundle: Path) -> type[Any]:
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         try:
-            spec.loader.exec_module(module)
+            # Its sibling modules are its own even when another bundle in this process has one of the same name.
+            with own_siblings(bundle, name):
+                spec.loader.exec_module(module)
         except Exception as error:
             del sys.modules[name]
             raise StartupError(f"{entry}: importing it failed: {error!r}") from error
@@ -168,7 +169,10 @@ class InProcessLauncher:
         self.description = f"bundle {bundle} (in-process)"
 
     async def launch(self, index: int, data_timeout: float) -> Instance:
-        environment = load_environment_class(self.bundle)()
+        environment_class = load_environment_class(self.bundle)
+        if index == 0:
+            _warn_about_blocking_handlers(environment_class)
+        environment = environment_class()
         with fastmcp_leaves_logging_alone():
             app = environment.create_app().streamable_http_app()
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -183,8 +187,30 @@ class InProcessLauncher:
         await instance.client.aclose()
         if instance.hosted is not None:
             instance.hosted.stop.set()
-            with contextlib.suppress(Exception):
-                await instance.hosted.task
+            try:
+                await asyncio.wait_for(asyncio.shield(instance.hosted.task), _STOP_GRACE_S)
+            except TimeoutError:
+                instance.hosted.task.cancel()
+            except Exception as error:
+                logger.warning("in-process environment instance %s stopped with %r", instance.index, error)
+
+
+def _warn_about_blocking_handlers(environment_class: type[Any]) -> None:
+    """In-process, a handler that is not ``async`` runs on the server's event loop: while it runs, every episode
+    and every request waits, and no timeout can interrupt it. Process mode has no such limit."""
+    blocking = sorted(
+        name
+        for name, member in inspect.getmembers(environment_class, inspect.isfunction)
+        if any(hasattr(member, marker) for marker in ("_aee_tool", "_aee_op", "_aee_ext"))
+        and not inspect.iscoroutinefunction(member)
+    )
+    if blocking:
+        logger.warning(
+            "%s: %s are not async; in-process instances run them on the server's event loop, where they block "
+            "every other episode while they run (process mode does not)",
+            environment_class.__name__,
+            ", ".join(blocking),
+        )
 
 
 async def _host(app: Any, started: asyncio.Future[None], stop: asyncio.Event) -> None:
@@ -396,8 +422,8 @@ class Pool:
                 else:
                     await broken.client.card()
                 await broken.client.reset()
-            except (GymhostError, OSError) as error:
-                logger.warning("environment instance %s is still down: %s", broken.index, error)
+            except Exception as error:  # an environment's constructor can raise anything; keep trying
+                logger.warning("environment instance %s is still down: %r", broken.index, error)
                 await asyncio.sleep(_PROBE_INTERVAL_S)
                 continue
             broken.healthy = True

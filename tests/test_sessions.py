@@ -1,0 +1,122 @@
+"""gymhost's session middleware keeps Gym's cookie contract: what a client sees when a session is cleared, changed
+in place, or kept alive past half its age."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from base64 import b64decode
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gymhost import create_app
+
+from .test_folder_errors import CONFIG, make_folder
+
+pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
+
+NOTES_SERVER = """\
+from fastapi import FastAPI, Request
+
+from nemo_gym.base_resources_server import (
+    BaseResourcesServerConfig, BaseVerifyRequest, BaseVerifyResponse, SimpleResourcesServer,
+)
+from nemo_gym.server_utils import SESSION_ID_KEY
+
+
+class NotesServer(SimpleResourcesServer):
+    config: BaseResourcesServerConfig
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        app.post("/start")(self.start)
+        app.post("/bump")(self.bump)
+        app.post("/forget")(self.forget)
+        return app
+
+    async def start(self, request: Request) -> dict:
+        request.session["notes"] = {"n": 0}
+        return {"session_id": request.session[SESSION_ID_KEY]}
+
+    async def bump(self, request: Request) -> dict:
+        request.session["notes"]["n"] += 1  # changed in place: Starlette's session only notices top-level writes
+        return {"n": request.session["notes"]["n"]}
+
+    async def forget(self, request: Request) -> dict:
+        request.session.pop(SESSION_ID_KEY)
+        request.session.pop("notes", None)
+        return {}
+
+    async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
+        return BaseVerifyResponse(**body.model_dump(), reward=1.0)
+"""
+
+COOKIE = "NotesServer___notes"
+
+
+@pytest.fixture
+def client_for(tmp_path: Path):  # type: ignore[no-untyped-def]
+    folder = make_folder(tmp_path, name="notes", config=CONFIG.format(key="notes", name="notes"), app=NOTES_SERVER)
+    app = create_app(folder)
+
+    def client() -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://notes.test")
+
+    return client
+
+
+async def test_every_answer_varies_on_the_cookie_and_carries_it(client_for) -> None:  # type: ignore[no-untyped-def]
+    async with client_for() as client:
+        answer = await client.post("/start")
+        assert answer.headers["vary"] == "Cookie"
+        assert answer.headers["set-cookie"].startswith(f"{COOKIE}=")
+        assert "; path=/; Max-Age=1209600; httponly; samesite=lax" in answer.headers["set-cookie"]
+
+
+async def test_a_cleared_session_deletes_the_cookie(client_for) -> None:  # type: ignore[no-untyped-def]
+    async with client_for() as client:
+        first = (await client.post("/start")).json()["session_id"]
+        forgot = await client.post("/forget")
+        assert forgot.headers["set-cookie"].startswith(f"{COOKIE}=null; path=/; expires=Thu, 01 Jan 1970 00:00:00 GMT")
+        assert COOKIE not in client.cookies
+        assert (await client.post("/start")).json()["session_id"] != first
+
+
+async def test_a_session_changed_in_place_is_not_confused_with_its_old_cookie(client_for) -> None:  # type: ignore[no-untyped-def]
+    async with client_for() as client:
+        await client.post("/start")
+        old = client.cookies[COOKIE]
+    for _ in range(2):  # replaying the same cookie starts from the state it carries, every time
+        async with client_for() as client:
+            answer = await client.post("/bump", headers={"cookie": f"{COOKIE}={old}"})
+            assert answer.json() == {"n": 1}
+            new = answer.cookies[COOKIE]
+            assert new != old
+            assert json.loads(b64decode(new.split(".")[0] + "=="))["notes"] == {"n": 1}
+
+
+async def test_a_session_in_use_slides_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An unchanged session's cookie is sent back as it came, until half its age: then signed again."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from gymhost._sessions import SessionMiddleware
+
+    async def who(request: Request) -> JSONResponse:
+        return JSONResponse(request.session["session_id"])
+
+    # Signing times are whole seconds; a 3 s session called every second for 5 s must outlive its first cookie.
+    app = SessionMiddleware(Starlette(routes=[Route("/", who)]), cookie_name="s", secret="k", max_age=3)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://s.test") as client:
+        ids, cookies = [], set()
+        for _ in range(6):
+            answer = await client.get("/")
+            ids.append(answer.json())
+            cookies.add(answer.cookies["s"])
+            await asyncio.sleep(1.0)
+    assert len(set(ids)) == 1
+    assert len(cookies) > 1  # re-signed on the way, not re-sent forever
