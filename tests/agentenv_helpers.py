@@ -6,10 +6,12 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from .conftest import REPO
 from .processes import ServerProcess, free_port, serving
@@ -21,6 +23,8 @@ GRIDSIM = REPO / "examples" / "gridsim_v1"
 COUNTER_ENV = '''
 import asyncio
 from typing import Any
+
+import httpx
 
 from agentenv_protocol import AgentEnvEnvironment, DataPart, add_data, environment_card, get_data, reset_data, tool
 
@@ -101,3 +105,13 @@ def environment_process(bundle: Path = GRIDSIM) -> Iterator[ServerProcess]:
 
 def rows(folder: Path, split: str = "eval") -> list[dict[str, Any]]:
     return [json.loads(line) for line in (folder / "data" / f"{split}.jsonl").read_text().splitlines() if line]
+
+
+@asynccontextmanager
+async def served(folder: Path, **overrides: Any) -> AsyncIterator[httpx.ASGITransport]:
+    """The written server's app with its lifespan running (its instances up), reached in-process."""
+    from gymhost import create_app
+
+    app = create_app(folder, **overrides)
+    async with app.router.lifespan_context(app):
+        yield httpx.ASGITransport(app=app)

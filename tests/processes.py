@@ -120,3 +120,23 @@ def _wait_until_ready(server: ServerProcess, ready_path: str) -> None:
                 pass
         time.sleep(0.1)
     raise AssertionError(f"server did not answer within {START_TIMEOUT_S}s:\n{server.output}")
+
+
+@contextmanager
+def uvicorn_in_a_thread(app: object) -> Iterator[str]:
+    """A real uvicorn server on 127.0.0.1 for an upstream a test needs (a judge); yields its URL."""
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))  # type: ignore[arg-type]
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "the upstream server did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from gymhost import EpisodeClient, create_app
+from gymhost import EpisodeClient
 from gymhost.agentenv import write_folder
 
-from .agentenv_helpers import COUNTER_TASK, make_bundle, rows
+from .agentenv_helpers import COUNTER_TASK, make_bundle, rows, served
 from .processes import gymhost_command, run_to_completion, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -32,13 +30,6 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def row(folder: Path, task_id: str) -> dict[str, Any]:
     return next(r for r in rows(folder) if r["task_id"] == task_id)
-
-
-@asynccontextmanager
-async def served(folder: Path, **overrides: Any) -> AsyncIterator[httpx.ASGITransport]:
-    app = create_app(folder, **overrides)
-    async with app.router.lifespan_context(app):
-        yield httpx.ASGITransport(app=app)
 
 
 async def status(transport: httpx.AsyncBaseTransport) -> dict[str, Any]:

@@ -9,8 +9,6 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ import pytest
 from gymhost import EpisodeClient, create_app
 from gymhost.agentenv import Task, awrite_folder, load_tasks, write_folder
 
-from .agentenv_helpers import GRIDSIM, environment_process, rows
+from .agentenv_helpers import GRIDSIM, environment_process, rows, served
 from .processes import assert_stopped_cleanly, gymhost_command, run_to_completion, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -56,13 +54,6 @@ def process_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def row_for(folder: Path, task_id: str) -> dict[str, Any]:
     return next(row for row in rows(folder) if row["task_id"] == task_id)
-
-
-@asynccontextmanager
-async def served(folder: Path, **overrides: Any) -> AsyncIterator[httpx.ASGITransport]:
-    app = create_app(folder, **overrides)
-    async with app.router.lifespan_context(app):
-        yield httpx.ASGITransport(app=app)
 
 
 async def play(

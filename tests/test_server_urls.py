@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 
 from gymhost import EpisodeClient, create_app
 
-from .processes import free_port, gymhost_command, serving
+from .processes import free_port, gymhost_command, serving, uvicorn_in_a_thread
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -84,21 +81,8 @@ def judge_url() -> Iterator[str]:
         seen.append(await request.json())
         return JSONResponse({"reward": 0.75})
 
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            Starlette(routes=[Route("/v1/responses", responses, methods=["POST"])]), port=port, log_level="warning"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
+    with uvicorn_in_a_thread(Starlette(routes=[Route("/v1/responses", responses, methods=["POST"])])) as url:
+        yield url
     assert seen, "the judge was never called"
 
 
@@ -155,21 +139,8 @@ async def test_a_judge_that_answers_an_error_is_reported_as_gym_reports_it(judge
     async def broken(request: object) -> PlainTextResponse:
         return PlainTextResponse("judge overloaded", status_code=503)
 
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            Starlette(routes=[Route("/v1/responses", broken, methods=["POST"])]), port=port, log_level="warning"
-        )
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.02)
-    try:
-        response = await _verify(create_app(judged_folder, server_urls={"judge_model": f"http://127.0.0.1:{port}"}))
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with uvicorn_in_a_thread(Starlette(routes=[Route("/v1/responses", broken, methods=["POST"])])) as url:
+        response = await _verify(create_app(judged_folder, server_urls={"judge_model": url}))
     assert response.status_code == 500
     assert json.loads(response.text) == (
         "Hit an exception in JudgedServer___judged calling an inner server: b'judge overloaded'"
