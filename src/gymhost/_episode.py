@@ -83,7 +83,6 @@ class EpisodeClient:
         self.base_url = base_url.rstrip("/")
         self.cookies = httpx.Cookies()
         self.transcript = Transcript()
-        self.seed_answer: dict[str, Any] | None = None
         self._transport = transport
         self._timeout = timeout
         self._shared: httpx.AsyncClient | None = self._client() if reuse_connection else None
@@ -93,7 +92,6 @@ class EpisodeClient:
         response.raise_for_status()
         self.cookies.update(response.cookies)
         answer: dict[str, Any] = response.json()
-        self.seed_answer = answer
         return answer
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None) -> ToolOutput:

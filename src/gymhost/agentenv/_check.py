@@ -39,13 +39,11 @@ class RowCheck:
     @property
     def problems(self) -> list[str]:
         found = []
-        if self.reference is None:
-            pass
-        elif self.reference.get("mask_sample"):
+        if self.reference is not None and self.reference.get("mask_sample"):
             found.append(
                 f"reference masked: {self.reference.get('failure_kind')}: {self.reference.get('failure_reason')}"
             )
-        elif self.reference["reward"] != 1.0:
+        elif self.reference is not None and self.reference["reward"] != 1.0:
             failed = [c["detail"] for c in self.reference.get("criteria", []) if c["score"] < 1.0]
             found.append(f"reference scored {self.reference['reward']:g}: {'; '.join(failed)}")
         if self.empty.get("mask_sample"):

@@ -35,6 +35,7 @@ import httpx
 from .._entrypoint import own_siblings
 from .._exceptions import GymhostError
 from .._logging import fastmcp_leaves_logging_alone
+from ._catalog import card_tools
 from ._env_client import DataPlaneError, EnvClient, EnvUnavailableError
 
 __all__ = [
@@ -300,7 +301,6 @@ class Pool:
     data_timeout: float = 30.0
     startup_timeout: float = 60.0
     instances: list[Instance] = field(default_factory=list)
-    card: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._free: asyncio.Queue[Instance] = asyncio.Queue()
@@ -321,17 +321,16 @@ class Pool:
             await self.stop()
             raise
         names = {card["name"] for card in cards}
-        tools = {tuple(sorted(tool.get("name", "") for tool in _card_tools(card))) for card in cards}
+        tools = {tuple(sorted(tool.get("name", "") for tool in card_tools(card))) for card in cards}
         if len(names) > 1 or len(tools) > 1:
             await self.stop()
             raise StartupError(
                 f"{self.launcher.description}: the instances are not the same environment "
                 f"(names {sorted(names)}, tool sets {sorted(tools)})"
             )
-        self.card = cards[0]
         for instance in self.instances:
             self._free.put_nowait(instance)
-        return self.card
+        return cards[0]
 
     async def lease(self) -> Instance:
         if self._stopping:
@@ -430,7 +429,3 @@ class Pool:
             logger.info("environment instance %s is back", broken.index)
             self._free.put_nowait(broken)
             return
-
-
-def _card_tools(card: dict[str, Any]) -> list[dict[str, Any]]:
-    return list((card.get("capabilities") or {}).get("tools") or [])
