@@ -122,10 +122,16 @@ async def test_tool_errors_are_outputs_for_the_model(folder: Path) -> None:
         assert invalid.status_code == 400
         assert invalid.text.startswith("Error executing tool gridsim_move")
         not_json = await episode.post("/gridsim_look", [1, 2])  # type: ignore[arg-type]
-        assert (not_json.status_code, not_json.text) == (400, "the arguments of gridsim_look must be a JSON object")
+        assert (not_json.status_code, not_json.json()) == (
+            400,
+            {"detail": "the arguments of gridsim_look must be a JSON object, not list"},
+        )
         stranger = await EpisodeClient(BASE, transport=transport).call_tool("gridsim_look", {})
         assert stranger.status_code == 409
-        assert "call /seed_session first" in stranger.text
+        assert "call /seed_session first" in json.loads(stranger.text)["detail"]
+        unknown = await episode.call_tool("gridsim_fly", {})
+        assert unknown.status_code == 404
+        assert json.loads(unknown.text)["detail"].startswith("no tool 'gridsim_fly' here; the tools are: gridsim_")
         answer = await episode.verify(row_for(folder, "corridor-east"))
         assert (answer["reward"], answer["mask_sample"]) == (0.0, False)
 
@@ -142,10 +148,11 @@ async def test_killing_the_leased_instance_masks_the_episode_and_the_pool_recove
         os.kill(instance["pid"], signal.SIGKILL)
         output = await episode.call_tool("gridsim_move", {"direction": "up"})
         assert output.status_code == 503
-        assert output.text.startswith("the environment is unavailable: tool gridsim_move: ")
+        assert json.loads(output.text)["detail"].startswith("the environment is unavailable: tool gridsim_move: ")
         answer = await episode.verify(row, "done")
         assert (answer["reward"], answer["mask_sample"]) == (0.0, True)
-        assert answer["failure_kind"] in {"transport_unreachable", "session_lost"}
+        # A kept-alive connection to the dead process resets (peer drop); a new one is refused (unreachable).
+        assert answer["failure_kind"] in {"transport_peer_drop", "transport_unreachable"}
         assert answer["failure_reason"]
         # The next episode waits for the repaired instance and plays normally on it.
         answer = await play(BASE, row, transport=transport)
@@ -199,8 +206,9 @@ async def test_close_session_tears_the_episode_down(folder: Path) -> None:
         status = await pool(BASE, transport)
         assert (status["open_episodes"], status["instances"][0]["state"]) == (0, "free")
         assert await instance_state(BASE, 0, transport) == {"loaded": False}
-        answer = await episode.verify(row)
-        assert (answer["mask_sample"], answer["failure_kind"]) == (True, "session_lost")
+        late = await episode.post("/verify", {**row, "response": episode.transcript.response("")})
+        assert late.status_code == 409
+        assert late.json() == {"detail": "this session was closed; there is nothing to verify"}
         assert (await episode.post("/seed_session", row)).status_code == 409
 
 
@@ -231,15 +239,24 @@ async def test_idle_episodes_expire_and_free_their_instance(folder: Path) -> Non
         assert (await play(BASE, row, transport=transport))["reward"] == 1.0
 
 
-async def test_a_repeated_verify_gets_the_same_verdict(folder: Path) -> None:
+async def test_a_second_verify_is_refused_and_repeats_the_first_verdict(folder: Path) -> None:
     async with served(folder) as transport:
         row = row_for(folder, "reach-corner")
         episode = EpisodeClient(BASE, transport=transport)
+        never_seeded = await episode.post("/verify", {**row, "response": episode.transcript.response("")})
+        assert never_seeded.status_code == 409
+        assert "call /seed_session first" in never_seeded.json()["detail"]
         await episode.seed(row)
         await episode.call_tool("gridsim_move", {"direction": "right"})
         await episode.call_tool("gridsim_move", {"direction": "up"})
-        first, second = await episode.verify(row), await episode.verify(row)
-        assert first["reward"] == second["reward"] == 1.0
+        first = await episode.verify(row)
+        second = await episode.post("/verify", {**row, "response": episode.transcript.response("")})
+        assert first["reward"] == 1.0
+        assert second.status_code == 409
+        assert second.json()["detail"] == "this episode was already verified; its verdict is repeated here"
+        assert second.json()["verdict"]["reward"] == 1.0
+        counters = (await pool(BASE, transport))["counters"]
+        assert (counters["verified"], counters["masked"]) == (1, 0)
 
 
 async def test_the_environment_sessions_flow_of_nemo_gym_0_7(folder: Path, gym_version: tuple[int, ...]) -> None:

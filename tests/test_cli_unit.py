@@ -34,7 +34,7 @@ def test_python_dash_m_runs_the_same_cli() -> None:
     assert result.returncode == 0, result.stderr
     help_text = " ".join(result.stdout.split())  # click wraps option help
     assert "--server-url NAME=URL" in help_text
-    assert "The server checks no token" in help_text
+    assert "Beyond loopback, set a token (GYMHOST_TOKEN or --token)" in help_text
     assert "[default: 127.0.0.1]" in help_text
 
 

@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._auth import LIVENESS_PATHS, BearerTokenMiddleware, resolve_token
 from ._exceptions import FolderError
 from ._folder import ServerSpec, load_server_spec
 from ._logging import fastmcp_leaves_logging_alone
 from ._nemo_gym import require_nemo_gym
+from ._request_guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, RequestGuardMiddleware
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -67,6 +69,9 @@ def create_app(
     *,
     server_urls: Mapping[str, str] | None = None,
     config_key: str | None = None,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
     **overrides: Any,
 ) -> FastAPI:
     """Build the ASGI app of the resources server in ``folder``.
@@ -76,6 +81,10 @@ def create_app(
     believes it has; default 127.0.0.1:0), ``name`` (the runtime name; default the config's top-level key),
     or any field of the server's own config. ``config_key`` picks the top-level key when a folder's configs
     hold several resources servers.
+
+    ``token``: every request but liveness probes must carry ``Authorization: Bearer <token>``; None reads
+    ``GYMHOST_TOKEN`` (unset: no check), ``""`` turns the check off. Bodies above ``max_body_bytes`` answer 413;
+    JSON nested deeper than ``max_json_depth``, or holding a lone surrogate escape, answers 400.
     """
     version = require_nemo_gym()
     from ._entrypoint import find_server_class, import_entrypoint
@@ -118,6 +127,11 @@ def create_app(
     install_exception_middleware(app, server_key=server.get_session_middleware_key())
     install_disconnect_cancellation(app)
     mount_safe_rollout_paths(app)
+    # Outermost, in this order: a request without the token is refused before its body is read.
+    app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body_bytes, max_json_depth=max_json_depth)
+    required = resolve_token(token)
+    if required is not None:
+        app.add_middleware(BearerTokenMiddleware, token=required, open_paths=LIVENESS_PATHS)
     own_aiohttp_client(app, global_config)
     app.state.gymhost = HostedServer(spec=spec, server=server, nemo_gym_version=version)
 

@@ -19,7 +19,9 @@ from typing import Any
 from starlette.routing import Mount
 
 from ._app import GYM_ROUTE_NAMES, create_app
+from ._auth import LIVENESS_PATHS, BearerTokenMiddleware, resolve_token
 from ._exceptions import FolderError, GymhostError
+from ._request_guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH
 
 __all__ = ["GatewayError", "create_gateway", "find_servers", "is_gym_root", "mounted_lifespan"]
 
@@ -67,12 +69,17 @@ def create_gateway(
     servers: Mapping[str, str | Path | Any] | str | Path,
     *,
     server_urls: Mapping[str, str] | None = None,
+    token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
 ) -> Any:
     """A FastAPI app with each server mounted at its prefix and their lifespans run by its own.
 
     ``servers`` maps prefixes (``"/gridsim"``) to folders or to apps already built with ``create_app``; a path
     instead of a mapping is a Gym root, every ``resources_servers/<name>/`` mounted at ``/<name>``. The result is an
-    ordinary FastAPI app: add routes, middleware or more mounts to it. ``GET /`` lists the servers and their tools.
+    ordinary FastAPI app: add routes, middleware or more mounts to it. ``GET /`` lists the servers and their tools;
+    ``GET /health`` is the gateway's liveness. ``token``, ``max_body_bytes`` and ``max_json_depth`` are
+    ``create_app``'s; the token guards the gateway's own routes and every mount, liveness probes excepted.
     """
     from fastapi import FastAPI
 
@@ -87,17 +94,33 @@ def create_gateway(
     if problems:
         raise GatewayError("these servers cannot share one process: " + "; ".join(problems))
 
+    required = resolve_token(token)
     gateway = FastAPI(title="gymhost gateway", lifespan=mounted_lifespan)
     mounted: dict[str, Any] = {}
     for prefix, value in mapping.items():
-        app = create_app(value, server_urls=server_urls) if isinstance(value, str | Path) else value
-        mounted[prefix] = app
-        gateway.mount(prefix, app)
+        if isinstance(value, str | Path):
+            value = create_app(
+                value,
+                server_urls=server_urls,
+                token="",  # the gateway checks it, for every mount
+                max_body_bytes=max_body_bytes,
+                max_json_depth=max_json_depth,
+            )
+        mounted[prefix] = value
+        gateway.mount(prefix, value)
 
     @gateway.get("/", summary="The servers mounted here and their tools")
     async def index() -> dict[str, Any]:
         return {"servers": [_describe(prefix, app) for prefix, app in mounted.items()]}
 
+    @gateway.get("/health", include_in_schema=False)
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    if required is not None:
+        # The mounts' own liveness probes stay open through the gateway, as they are when served alone.
+        open_paths = {"/health"} | {prefix + path for prefix in mounted for path in LIVENESS_PATHS | {""}}
+        gateway.add_middleware(BearerTokenMiddleware, token=required, open_paths=open_paths)
     return gateway
 
 
@@ -108,6 +131,7 @@ def _describe(prefix: str, app: Any) -> dict[str, Any]:
         for route in app.router.routes
         if "POST" in (getattr(route, "methods", None) or ())
         and route.path.count("/") == 1
+        and "{" not in route.path  # a written server's catch-all that names its tools when called with another
         and route.path.lstrip("/") not in GYM_ROUTE_NAMES
     )
     return {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import gc
+import ipaddress
 import os
 import socket
 import traceback
@@ -19,7 +20,7 @@ from typing import Any, Literal
 
 from ._exceptions import GymhostError, ServeError
 
-__all__ = ["SERVERS", "ServeConfig", "bind_socket", "run_app", "url_of"]
+__all__ = ["SERVERS", "ServeConfig", "bind_socket", "is_loopback", "run_app", "url_of"]
 
 ServerName = Literal["uvicorn", "hypercorn"]
 SERVERS: tuple[ServerName, ...] = ("uvicorn", "hypercorn")
@@ -36,6 +37,9 @@ class ServeConfig:
     # Longer than a trainer's client keep-alive, as Gym's launcher sets it, so the server never closes a
     # connection the client is about to reuse.
     timeout_keep_alive: int = 30
+    # On SIGTERM or SIGINT, requests in flight get this long to finish; then they are cancelled and the app's
+    # lifespan shuts down (a written agent environment ends its open episodes and stops its instances).
+    graceful_timeout: int = 30
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -55,6 +59,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise ServeError(f"cannot bind {host}:{port}: {error.strerror or error}") from None
     sock.set_inheritable(True)
     return sock
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host`` (a name is resolved: "localhost" is loopback)."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
 
 
 def url_of(sock: socket.socket) -> str:
@@ -136,6 +149,7 @@ def _run_uvicorn(app: Any, sock: socket.socket, config: ServeConfig) -> None:
             log_level=config.log_level,
             access_log=config.access_log,
             timeout_keep_alive=config.timeout_keep_alive,
+            timeout_graceful_shutdown=config.graceful_timeout,
             lifespan="on",
             # "auto" picks httptools and uvloop, both gymhost dependencies: several times h11 and asyncio's speed.
             http="auto",
@@ -159,6 +173,7 @@ def _run_hypercorn(app: Any, sock: socket.socket, config: ServeConfig) -> None:
     hypercorn_config.bind = [f"fd://{os.dup(sock.fileno())}"]
     hypercorn_config.loglevel = config.log_level.upper()
     hypercorn_config.keep_alive_timeout = config.timeout_keep_alive
+    hypercorn_config.graceful_timeout = config.graceful_timeout
     hypercorn_config.accesslog = "-" if config.access_log else None
     # Without a shutdown trigger, hypercorn's serve() installs its own SIGINT/SIGTERM handlers.
     asyncio.run(serve(app, hypercorn_config), loop_factory=_uvloop_factory())

@@ -39,7 +39,8 @@ __all__ = ["SECRET_ENV_VAR", "SESSION_ID_KEY", "SessionMiddleware", "process_sec
 SECRET_ENV_VAR = "GYMHOST_SECRET"
 SESSION_ID_KEY = "session_id"  # nemo_gym.server_utils.SESSION_ID_KEY
 _SALT = "gymhost.session"
-_VERIFIED_KEPT = 100_000
+_VERIFIED_KEPT = 100_000  # cookies kept verified at most; beyond that the cache starts again
+_VERIFIED_GENERATION_S = 300.0  # a cookie unseen for between one and two of these is verified again when it returns
 
 _random_secret: str | None = None
 
@@ -80,7 +81,11 @@ class SessionMiddleware:
         self._signers: dict[str, itsdangerous.TimestampSigner] = {}
         # Cookies already verified, by (mount, value), with when they were signed and their JSON: an episode sends
         # the same cookie on every call, and checking its signature each time was most of this middleware's cost.
+        # Two generations, swapped every _VERIFIED_GENERATION_S: the cookies of finished episodes are forgotten,
+        # so the cache holds the episodes in play, not every episode the server ever saw.
         self._verified: dict[tuple[str, str], tuple[float, str]] = {}
+        self._verified_before: dict[tuple[str, str], tuple[float, str]] = {}
+        self._generation_ends = time.monotonic() + _VERIFIED_GENERATION_S
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -136,16 +141,22 @@ class SessionMiddleware:
         raw = self._cookie(scope)
         if not raw:
             return None, 0.0, ""
-        known = self._verified.get((mount, raw))
+        key = (mount, raw)
+        known = self._verified.get(key)
+        if known is None:
+            if time.monotonic() >= self._generation_ends or len(self._verified) >= _VERIFIED_KEPT:
+                self._verified_before, self._verified = self._verified, {}
+                self._generation_ends = time.monotonic() + _VERIFIED_GENERATION_S
+            known = self._verified_before.pop(key, None)
+            if known is not None:
+                self._verified[key] = known
         if known is None or (self.max_age is not None and time.time() >= known[0] + self.max_age):
             try:
                 payload, stamp = signer.unsign(raw.encode(), max_age=self.max_age, return_timestamp=True)
                 known = (stamp.timestamp(), b64decode(payload).decode())
             except (BadSignature, ValueError):
                 return None, 0.0, ""
-            if len(self._verified) >= _VERIFIED_KEPT:
-                self._verified.clear()
-            self._verified[(mount, raw)] = known
+            self._verified[key] = known
         return raw, known[0], known[1]
 
     @staticmethod

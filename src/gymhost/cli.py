@@ -14,7 +14,8 @@ import click
 
 from . import __version__
 from ._exceptions import GymhostError
-from ._serving import SERVERS, ServeConfig, bind_socket, run_app, url_of
+from ._request_guard import DEFAULT_MAX_BODY_BYTES
+from ._serving import SERVERS, ServeConfig, bind_socket, is_loopback, run_app, url_of
 
 __all__ = ["main"]
 
@@ -66,7 +67,8 @@ def main() -> None:
     "--host",
     default="127.0.0.1",
     show_default=True,
-    help="Address to listen on. The server checks no token: keep it on loopback or a private network.",
+    help="Address to listen on. Beyond loopback, set a token (GYMHOST_TOKEN or --token): without one, anyone who "
+    "reaches the port can play and read episodes.",
 )
 @click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
 @click.option("--server", "server_name", type=click.Choice(SERVERS), default="uvicorn", show_default=True)
@@ -84,6 +86,28 @@ def main() -> None:
     "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
 )
 @click.option("--access-log/--no-access-log", default=False, show_default=True, help="A log line per request.")
+@click.option(
+    "--token",
+    envvar="GYMHOST_TOKEN",
+    default=None,
+    show_envvar=True,
+    help="Every request but liveness probes must send Authorization: Bearer TOKEN. Prefer the environment "
+    "variable: a command line is visible to every user of the machine.",
+)
+@click.option(
+    "--max-body-bytes",
+    default=DEFAULT_MAX_BODY_BYTES,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Larger request bodies are refused with 413.",
+)
+@click.option(
+    "--graceful-timeout",
+    default=30,
+    show_default=True,
+    type=click.IntRange(0),
+    help="Seconds requests in flight get to finish on SIGTERM/SIGINT before they are cancelled.",
+)
 def serve(
     folder: str,
     host: str,
@@ -95,6 +119,9 @@ def serve(
     settings: tuple[str, ...],
     log_level: str,
     access_log: bool,
+    token: str | None,
+    max_body_bytes: int,
+    graceful_timeout: int,
 ) -> None:
     """Serve the resources server in FOLDER (which may be '.').
 
@@ -108,7 +135,24 @@ def serve(
     from ._nemo_gym import require_nemo_gym
 
     urls = _key_values("--server-url", server_urls)
-    config = ServeConfig(host=host, port=port, server=server_name, log_level=log_level, access_log=access_log)  # type: ignore[arg-type]
+    config = ServeConfig(
+        host=host,
+        port=port,
+        server=server_name,  # type: ignore[arg-type]
+        log_level=log_level,
+        access_log=access_log,
+        graceful_timeout=graceful_timeout,
+    )
+    token = token or None
+    if token is None and not is_loopback(host):
+        click.secho(
+            f"WARNING: serving on {host} with no token: anyone who can reach this port can seed, play and verify "
+            "episodes and read the pool. Set GYMHOST_TOKEN (or --token), or serve on 127.0.0.1.",
+            fg="red",
+            bold=True,
+            err=True,
+        )
+    guards: dict[str, Any] = {"token": token or "", "max_body_bytes": max_body_bytes}
     gateway = is_gym_root(folder)
     if gateway and (name or config_key or settings):
         raise click.UsageError("--name, --config-key and --set apply to one server folder, not to a Gym root")
@@ -121,12 +165,12 @@ def serve(
         try:
             bound_host, bound_port = sock.getsockname()[:2]
             if gateway:
-                app = create_gateway(folder, server_urls=urls)
+                app = create_gateway(folder, server_urls=urls, **guards)
                 mounts = ", ".join(route.path for route in app.router.routes if isinstance(route, Mount))
                 click.echo(f"gymhost: serving {Path(folder).resolve().name} at {url_of(sock)} (servers: {mounts})")
             else:
                 overrides.update(host=bound_host, port=bound_port)
-                app = create_app(folder, server_urls=urls, config_key=config_key, **overrides)
+                app = create_app(folder, server_urls=urls, config_key=config_key, **guards, **overrides)
                 click.echo(f"gymhost: serving {app.state.gymhost.name} at {url_of(sock)}")
             run_app(app, sock, config)
         finally:

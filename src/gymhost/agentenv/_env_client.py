@@ -44,14 +44,19 @@ from .._exceptions import GymhostError
 __all__ = [
     "DataPlaneError",
     "EnvClient",
+    "EnvDroppedError",
     "EnvTimeoutError",
     "EnvUnavailableError",
     "ExtensionError",
+    "MalformedReplyError",
+    "McpMalformedReplyError",
     "McpSession",
     "McpSessionError",
 ]
 
 _MCP_PROTOCOL_VERSION = "2025-11-25"
+# The connection was there and went away during the call (ConnectError, by contrast, means nobody answered).
+_DROPPED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 _CLOSE_TIMEOUT_S = 5.0
 
 
@@ -63,8 +68,17 @@ class EnvTimeoutError(EnvUnavailableError):
     """The instance took longer than the timeout to answer."""
 
 
+class EnvDroppedError(EnvUnavailableError):
+    """The instance dropped the connection in the middle of a call: it crashed, or was killed."""
+
+
 class DataPlaneError(GymhostError):
     """The instance answered a data-plane call (or the card) with an error."""
+
+
+class MalformedReplyError(DataPlaneError):
+    """The instance answered, but not in the protocol: not JSON, not JSON-RPC, an HTTP error. Unlike an error the
+    protocol carries (a seed the environment refused), this says the instance itself is broken."""
 
 
 class ExtensionError(GymhostError):
@@ -74,6 +88,10 @@ class ExtensionError(GymhostError):
 class McpSessionError(GymhostError):
     """An MCP-level failure: a JSON-RPC error, an HTTP error, an unreadable reply, or a session the server lost.
     A tool that fails is not one: its result says ``isError``."""
+
+
+class McpMalformedReplyError(McpSessionError, MalformedReplyError):
+    """An MCP reply that is not MCP: unreadable, not JSON-RPC, or an HTTP error other than a lost session."""
 
 
 class EnvClient:
@@ -90,13 +108,15 @@ class EnvClient:
     async def card(self) -> dict[str, Any]:
         response = await self._send("GET", WELL_KNOWN_PATH)
         if response.status_code != 200:
-            raise DataPlaneError(f"{self.base_url}{WELL_KNOWN_PATH} answered HTTP {response.status_code}, not a card")
+            raise MalformedReplyError(
+                f"{self.base_url}{WELL_KNOWN_PATH} answered HTTP {response.status_code}, not a card"
+            )
         try:
             card: dict[str, Any] = response.json()
         except ValueError:
-            raise DataPlaneError(f"{self.base_url}{WELL_KNOWN_PATH} answered something that is not JSON") from None
+            raise MalformedReplyError(f"{self.base_url}{WELL_KNOWN_PATH} answered something that is not JSON") from None
         if not isinstance(card, dict) or not isinstance(card.get("name"), str):
-            raise DataPlaneError(f"{self.base_url}{WELL_KNOWN_PATH} answered JSON that is not an environment card")
+            raise MalformedReplyError(f"{self.base_url}{WELL_KNOWN_PATH} answered JSON that is not an environment card")
         return card
 
     async def reset(self) -> None:
@@ -109,7 +129,7 @@ class EnvClient:
         result = await self._rpc(METHOD_GET, {})
         parts = result.get("parts")
         if not isinstance(parts, list):
-            raise DataPlaneError(f"{self.base_url}: data/get answered no parts list")
+            raise MalformedReplyError(f"{self.base_url}: data/get answered no parts list")
         return parts
 
     async def call_extension(self, card: dict[str, Any], uri: str, method: str | None, params: dict[str, Any]) -> Any:
@@ -161,11 +181,13 @@ class EnvClient:
             "POST", RPC_PATH, json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
         )
         if response.status_code != 200:
-            raise DataPlaneError(f"{self.base_url}: {method} answered HTTP {response.status_code}")
+            raise MalformedReplyError(f"{self.base_url}: {method} answered HTTP {response.status_code}")
         try:
             body = response.json()
         except ValueError:
-            raise DataPlaneError(f"{self.base_url}: {method} answered something that is not JSON") from None
+            raise MalformedReplyError(f"{self.base_url}: {method} answered something that is not JSON") from None
+        if not isinstance(body, dict):
+            raise MalformedReplyError(f"{self.base_url}: {method} answered JSON that is not a JSON-RPC object")
         if "error" in body:
             error = body["error"] or {}
             detail = error.get("data") or {}
@@ -175,7 +197,7 @@ class EnvClient:
             )
         result = body.get("result")
         if not isinstance(result, dict):
-            raise DataPlaneError(f"{self.base_url}: {method} answered no result object")
+            raise MalformedReplyError(f"{self.base_url}: {method} answered no result object")
         return result
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -183,6 +205,8 @@ class EnvClient:
             return await self._http.request(method, path, **kwargs)
         except httpx.TimeoutException as error:
             raise EnvTimeoutError(f"{self.base_url}{path}: no answer in time ({type(error).__name__})") from error
+        except _DROPPED as error:
+            raise EnvDroppedError(f"{self.base_url}{path}: the connection dropped mid-call: {error!r}") from error
         except httpx.TransportError as error:
             raise EnvUnavailableError(f"{self.base_url}{path}: {error!r}") from error
 
@@ -216,7 +240,7 @@ class McpSession:
         try:
             return ToolResult.model_validate(result)
         except ValueError as error:
-            raise McpSessionError(f"tools/call {name}: unreadable result: {error}") from None
+            raise McpMalformedReplyError(f"tools/call {name}: unreadable result: {error}") from None
 
     async def list_tools(self) -> list[dict[str, Any]]:
         """Every tool with its ``_meta``, across pages."""
@@ -244,7 +268,7 @@ class McpSession:
             raise McpSessionError(f"{method} failed: {error.get('message')} (code {error.get('code')})")
         result = reply.get("result")
         if not isinstance(result, dict):
-            raise McpSessionError(f"{method}: the reply has no result object")
+            raise McpMalformedReplyError(f"{method}: the reply has no result object")
         return result
 
     async def _exchange(self, message: dict[str, Any]) -> dict[str, Any]:
@@ -253,6 +277,8 @@ class McpSession:
             return await asyncio.wait_for(self._post(message), self.timeout)
         except (TimeoutError, httpx.TimeoutException):
             raise EnvTimeoutError(f"MCP {method} did not answer within {self.timeout:g}s") from None
+        except _DROPPED as error:
+            raise EnvDroppedError(f"MCP {method}: the connection dropped mid-call: {error!r}") from error
         except httpx.TransportError as error:
             raise EnvUnavailableError(f"MCP {method}: {error!r}") from error
 
@@ -266,7 +292,7 @@ class McpSession:
                 raise McpSessionError(f"{method}: the server no longer knows MCP session {self.session_id}")
             if response.status_code >= 400:
                 body = (await response.aread()).decode(errors="replace")[:500]
-                raise McpSessionError(f"{method}: HTTP {response.status_code}: {body}")
+                raise McpMalformedReplyError(f"{method}: HTTP {response.status_code}: {body}")
             if method == "initialize":
                 self.session_id = response.headers.get("mcp-session-id")
             if "id" not in message:
@@ -278,12 +304,12 @@ class McpSession:
                         reply = json.loads(data)
                         if isinstance(reply, dict) and reply.get("id") == message["id"]:
                             return reply
-                    raise McpSessionError(f"{method}: the event stream ended before the reply")
+                    raise McpMalformedReplyError(f"{method}: the event stream ended before the reply")
                 reply = json.loads(await response.aread())
             except ValueError as error:
-                raise McpSessionError(f"{method}: unreadable reply: {error}") from None
+                raise McpMalformedReplyError(f"{method}: unreadable reply: {error}") from None
             if not isinstance(reply, dict):
-                raise McpSessionError(f"{method}: the reply is not a JSON-RPC object")
+                raise McpMalformedReplyError(f"{method}: the reply is not a JSON-RPC object")
             return reply
 
     def _session_headers(self) -> dict[str, str]:

@@ -57,6 +57,7 @@ ENTRY = "env.py"  # a bundle's environment module
 READY = "gymhost-env-ready"  # the first line ``_runner`` prints: READY <port>
 _STOP_GRACE_S = 5.0
 _PROBE_INTERVAL_S = 1.0
+_CONGESTION_LOG_EVERY_S = 10.0  # at most one warning this often while seeds time out waiting for an instance
 
 
 class StartupError(GymhostError):
@@ -306,6 +307,11 @@ class Pool:
         self._free: asyncio.Queue[Instance] = asyncio.Queue()
         self._repairs: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self.waiting = 0  # seeds waiting for an instance right now
+        self.lease_timeouts = 0
+        self.replaced = 0  # instances brought back after they broke
+        self._timeouts_unlogged = 0
+        self._congestion_logged_at = float("-inf")
 
     async def start(self) -> dict[str, Any]:
         """Bring every instance up and check their cards agree; answers the card."""
@@ -330,21 +336,50 @@ class Pool:
             )
         for instance in self.instances:
             self._free.put_nowait(instance)
+        logger.info(
+            "%s: %d instance(s) up; a seed waits at most %gs for a free one (lease_timeout_s)",
+            self.launcher.description,
+            self.size,
+            self.lease_timeout,
+        )
         return cards[0]
 
     async def lease(self) -> Instance:
+        """A free instance, waiting up to ``lease_timeout`` for one: the backpressure a full pool puts on seeds."""
         if self._stopping:
             raise PoolExhaustedError("the server is shutting down")
+        self.waiting += 1
         try:
             instance = await asyncio.wait_for(self._free.get(), self.lease_timeout)
         except TimeoutError:
+            self._count_timeout()
             raise PoolExhaustedError(
-                f"no environment instance became free within {self.lease_timeout:g}s "
-                f"(all {self.size} are in episodes or being repaired)"
+                f"no environment instance became free within lease_timeout_s={self.lease_timeout:g}s: all "
+                f"{self.size} instances (source.instances) are in episodes or being repaired, and {self.waiting - 1} "
+                "other seeds are waiting; retry later, or raise source.instances"
             ) from None
+        finally:
+            self.waiting -= 1
         instance.leased = True
         instance.episodes += 1
         return instance
+
+    def _count_timeout(self) -> None:
+        self.lease_timeouts += 1
+        self._timeouts_unlogged += 1
+        now = asyncio.get_running_loop().time()
+        if now - self._congestion_logged_at >= _CONGESTION_LOG_EVERY_S:
+            logger.warning(
+                "%d seed(s) found no free environment instance within lease_timeout_s=%gs (pool of %d: %d leased, "
+                "%d repairing; %d seeds waiting)",
+                self._timeouts_unlogged,
+                self.lease_timeout,
+                self.size,
+                sum(instance.leased for instance in self.instances),
+                sum(not instance.healthy for instance in self.instances),
+                self.waiting - 1,
+            )
+            self._timeouts_unlogged, self._congestion_logged_at = 0, now
 
     async def release(self, instance: Instance, *, healthy: bool) -> None:
         """Reset the instance and make it free again; one that failed or will not reset goes to repair.
@@ -352,18 +387,20 @@ class Pool:
         Whatever happens, even cancellation, the instance ends up free or in repair, never lost to the pool.
         """
         instance.leased = False
-        if healthy and not self._stopping:
-            try:
-                await instance.client.reset()
-            except BaseException as error:
-                self._send_to_repair(instance)
-                if not isinstance(error, EnvUnavailableError | DataPlaneError):
-                    raise
-                logger.warning("environment instance %s did not reset after its episode: %s", instance.index, error)
-            else:
-                self._free.put_nowait(instance)
+        if not healthy:
+            self._send_to_repair(instance)
             return
-        self._send_to_repair(instance)
+        try:
+            # Also while the pool stops: an instance at a URL outlives this server, and must not keep the episode.
+            await instance.client.reset()
+        except BaseException as error:
+            self._send_to_repair(instance)
+            if not isinstance(error, EnvUnavailableError | DataPlaneError):
+                raise
+            logger.warning("environment instance %s did not reset after its episode: %s", instance.index, error)
+        else:
+            if not self._stopping:
+                self._free.put_nowait(instance)
 
     def begin_stop(self) -> None:
         """From now on nothing is repaired or leased: the pool is going away."""
@@ -376,8 +413,18 @@ class Pool:
             self._repairs.add(repair)
             repair.add_done_callback(self._repairs.discard)
 
-    def status(self) -> list[dict[str, Any]]:
-        return [instance.status() for instance in self.instances]
+    def status(self) -> dict[str, Any]:
+        instances = [instance.status() for instance in self.instances]
+        states = [instance["state"] for instance in instances]
+        return {
+            "instances": instances,
+            "free": states.count("free"),
+            "leased": states.count("leased"),
+            "repairing": states.count("repairing"),
+            "waiting_seeds": self.waiting,
+            "lease_timeouts": self.lease_timeouts,
+            "instances_replaced": self.replaced,
+        }
 
     async def stop(self) -> None:
         self.begin_stop()
@@ -426,6 +473,7 @@ class Pool:
                 await asyncio.sleep(_PROBE_INTERVAL_S)
                 continue
             broken.healthy = True
+            self.replaced += 1
             logger.info("environment instance %s is back", broken.index)
             self._free.put_nowait(broken)
             return

@@ -23,13 +23,22 @@ import httpx
 
 from .._exceptions import GymhostError
 from ._catalog import check_tasks, policy_tools
-from ._env_client import DataPlaneError, EnvTimeoutError, EnvUnavailableError, McpSession, McpSessionError
+from ._env_client import (
+    DataPlaneError,
+    EnvDroppedError,
+    EnvTimeoutError,
+    EnvUnavailableError,
+    MalformedReplyError,
+    McpSession,
+    McpSessionError,
+)
 from ._grading import CriterionResult, evaluate, extension_score, merge_state
 from ._pool import Instance, Pool, PoolExhaustedError, StartupError
 from ._tasks import ExtensionCriterion, StateCriterion, Task
 
 __all__ = [
     "Episode",
+    "EpisodeStateError",
     "Failure",
     "Reply",
     "Runtime",
@@ -44,17 +53,22 @@ logger = logging.getLogger("gymhost.agentenv")
 # failure_kind values: nemo-gym's shared vocabulary (nemo_gym.failure_kinds) where it has a name, else namespaced.
 NO_INSTANCE = "provider_unavailable"
 UNREACHABLE = "transport_unreachable"
+PEER_DROP = "transport_peer_drop"
 TIMEOUT = "transport_timeout"
 SESSION_LOST = "session_lost"
 SESSION_EXPIRED = "session_expired"
 VERIFIER_ERROR = "verifier_error"
 SHUTDOWN = "shutdown"
 DATA_PLANE_ERROR = "agentenv:data_plane_error"
+MALFORMED_REPLY = "agentenv:malformed_reply"
 INTERNAL_ERROR = "agentenv:internal_error"
+# Failures that say the instance itself is broken: it is replaced (a bundle) or probed (a URL) before reuse.
+_BREAKS_INSTANCE = frozenset({UNREACHABLE, PEER_DROP, TIMEOUT, SESSION_LOST, MALFORMED_REPLY})
 
 T = TypeVar("T")
 
-_REMEMBERED = 65536  # closed session ids and recent verdicts kept, so retries get the same answer
+
+_REMEMBERED = 65536  # closed session ids and verdicts kept at most, however recent
 
 
 class UnknownTaskError(GymhostError, LookupError):
@@ -65,6 +79,15 @@ class SessionConflictError(GymhostError):
     """The session is already seeded with another task or episode, or was closed."""
 
 
+class EpisodeStateError(GymhostError):
+    """A call the session's episode is not in a state for: verify without a seed, after a close, or a second time
+    (then ``verdict`` is the first verdict, which is repeated for the caller)."""
+
+    def __init__(self, message: str, verdict: Verdict | None = None) -> None:
+        super().__init__(message)
+        self.verdict = verdict
+
+
 @dataclass(frozen=True)
 class Failure:
     kind: str
@@ -73,10 +96,12 @@ class Failure:
 
 @dataclass(frozen=True)
 class Reply:
-    """A tool route's answer: the text the model sees, and the HTTP status that tells clients whether it failed."""
+    """A tool route's answer: the text the model sees, and the HTTP status that tells clients whether it failed.
+    ``refused`` when gymhost refused the call (no episode, environment down) rather than the tool answering."""
 
     status: int
     text: str
+    refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -97,6 +122,7 @@ class RuntimeSettings:
     role: str | None = None
     tool_timeout: float = 60.0
     idle_timeout: float = 300.0
+    remember: float = 600.0  # how long closed session ids and verdicts are kept for late or repeated calls
 
 
 @dataclass(eq=False)
@@ -124,10 +150,12 @@ class Runtime:
         self.card: dict[str, Any] = {}
         self.tools: list[dict[str, Any]] = []
         self._episodes: dict[str, Episode] = {}
-        self._closed: OrderedDict[str, None] = OrderedDict()
-        self._verdicts: OrderedDict[str, Verdict] = OrderedDict()
+        self._closed = _Memory[None](settings.remember)
+        self._verdicts = _Memory[Verdict](settings.remember)  # verdicts not yet answered: expired episodes
+        self._answered = _Memory[Verdict](settings.remember)  # verdicts answered: a second verify is refused
         self._work: set[asyncio.Task[Any]] = set()
         self._reaper: asyncio.Task[None] | None = None
+        self.counters = dict.fromkeys(("seeded", "seed_failed", "verified", "masked", "expired", "closed"), 0)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -160,15 +188,38 @@ class Runtime:
         for task in [*self._work, *([self._reaper] if self._reaper else [])]:
             task.cancel()
         await asyncio.gather(*self._work, *([self._reaper] if self._reaper else []), return_exceptions=True)
-        for episode in list(self._episodes.values()):
-            await self._end(episode, Failure(SHUTDOWN, "the server shut down before the episode was verified"))
+        shutdown = Failure(SHUTDOWN, "the server shut down before the episode was verified")
+        await asyncio.gather(
+            *(self._end(episode, shutdown) for episode in list(self._episodes.values())), return_exceptions=True
+        )
         await self.pool.stop()
 
     def status(self) -> dict[str, Any]:
+        """What an operator watches: the pool's size and limits, its queue, and what happened to episodes."""
+        pool = self.pool.status()
         return {
             "environment": self.card.get("name"),
-            "instances": self.pool.status(),
+            "limits": {
+                "instances": self.pool.size,
+                "lease_timeout_s": self.pool.lease_timeout,
+                "tool_timeout_s": self.settings.tool_timeout,
+                "data_timeout_s": self.pool.data_timeout,
+                "startup_timeout_s": self.pool.startup_timeout,
+                "idle_timeout_s": self.settings.idle_timeout,
+                "remember_s": self.settings.remember,
+            },
+            "instances": pool["instances"],
+            "free": pool["free"],
+            "leased": pool["leased"],
+            "repairing": pool["repairing"],
+            "waiting_seeds": pool["waiting_seeds"],
             "open_episodes": len(self._episodes),
+            "remembered": {"verdicts": len(self._verdicts) + len(self._answered), "closed": len(self._closed)},
+            "counters": {
+                **self.counters,
+                "lease_timeouts": pool["lease_timeouts"],
+                "instances_replaced": pool["instances_replaced"],
+            },
         }
 
     async def instance_status(self, index: int) -> dict[str, Any] | None:
@@ -213,27 +264,31 @@ class Runtime:
             raise SessionConflictError(f"session {key} was closed; a new episode needs a new session")
         episode = Episode(key, split, task, identity)
         self._episodes[key] = episode
-        self._verdicts.pop(key, None)
+        self._verdicts.pop(key)
+        self._answered.pop(key)
         return await self._shielded(self._seed(episode))
 
     async def call_tool(self, key: str, name: str, arguments: dict[str, Any]) -> Reply:
         episode = self._episodes.get(key)
         if episode is None:
-            return Reply(409, "no episode for this session: call /seed_session first, and send its cookies")
+            return Reply(409, f"{self._why_no_episode(key)}; a tool call needs a seeded episode", refused=True)
         episode.last_used = time.monotonic()
         if episode.failure is not None or episode.tools is None:
             reason = episode.failure.reason if episode.failure else "the episode is still being seeded"
-            return Reply(503, f"the environment is unavailable: {reason}")
+            return Reply(503, f"the environment is unavailable: {reason}", refused=True)
         try:
             result = await episode.tools.call_tool(name, arguments)
         except Exception as error:
             episode.failure = _failure(error, stage=f"tool {name}")
             logger.warning("tool call %s failed: %s", name, episode.failure.reason)
-            return Reply(503, f"the environment is unavailable: {episode.failure.reason}")
+            return Reply(503, f"the environment is unavailable: {episode.failure.reason}", refused=True)
+        finally:
+            episode.last_used = time.monotonic()  # a long call is use, not idleness
         return Reply(400 if result.isError else 200, result.text)
 
     async def verify(self, key: str, final_text: str) -> Verdict:
-        """Grade the episode, then tear it down. A repeated verify answers the first verdict again."""
+        """Grade the episode, then tear it down. An episode that expired answers its masked verdict once; a verify
+        with no episode to grade raises ``EpisodeStateError``."""
         episode = self._episodes.get(key)
         if episode is None:
             return self._verdict_after_the_fact(key)
@@ -241,9 +296,10 @@ class Runtime:
 
     async def close(self, key: str) -> None:
         """End the session's episode without grading it; later seeds on the same session are refused."""
-        self._remember(self._closed, key, None)
+        self._closed.put(key, None)
         episode = self._episodes.get(key)
         if episode is not None:
+            self.counters["closed"] += 1
             await self._shielded(self._end(episode, None))
 
     # -- internals ----------------------------------------------------------------------------------------------
@@ -269,9 +325,13 @@ class Runtime:
             except Exception as error:
                 episode.failure = _failure(error, stage="seed")
                 logger.warning("seeding task %r failed: %s", episode.task.id, episode.failure.reason)
+                self.counters["seed_failed"] += 1
                 await self._release(episode)
+            else:
+                self.counters["seeded"] += 1
             if episode.key in self._closed and episode.failure is None:  # closed while seeding: close tears it down
                 episode.failure = Failure(SESSION_LOST, "the session was closed while its episode was being seeded")
+            episode.last_used = time.monotonic()
         return episode
 
     async def _verify(self, episode: Episode, final_text: str) -> Verdict:
@@ -282,17 +342,32 @@ class Runtime:
                 verdict = Verdict.masked(episode.task.id, episode.failure)
             else:
                 verdict = await self._grade(episode, final_text)
-            self._remember(self._verdicts, episode.key, verdict)
+            self._answer(episode.key, verdict)
             await self._teardown(episode, verdict.failure)
         return verdict
 
+    def _answer(self, key: str, verdict: Verdict) -> None:
+        self._answered.put(key, verdict)
+        self.counters["verified"] += 1
+        self.counters["masked"] += verdict.failure is not None
+
     def _verdict_after_the_fact(self, key: str) -> Verdict:
-        remembered = self._verdicts.get(key)
-        if remembered is not None:
-            return remembered
-        return Verdict.masked(
-            None, Failure(SESSION_LOST, "no episode for this session: it was never seeded, or was closed or expired")
-        )
+        """A verify for a session with no episode: the masked verdict of one that expired (once), else refused."""
+        pending = self._verdicts.pop(key)
+        if pending is not None:
+            self._answer(key, pending)
+            return pending
+        answered = self._answered.get(key)
+        if answered is not None:
+            raise EpisodeStateError("this episode was already verified; its verdict is repeated here", answered)
+        raise EpisodeStateError(f"{self._why_no_episode(key)}; there is nothing to verify")
+
+    def _why_no_episode(self, key: str) -> str:
+        if key in self._answered:
+            return "this session's episode was already verified and has ended"
+        if key in self._closed:
+            return "this session was closed"
+        return "no episode for this session: call /seed_session first, and send the cookies it answers"
 
     async def _grade(self, episode: Episode, final_text: str) -> Verdict:
         assert episode.instance is not None
@@ -333,28 +408,63 @@ class Runtime:
         instance, episode.instance = episode.instance, None
         if instance is None:
             return
-        broken = episode.failure is not None and episode.failure.kind in {UNREACHABLE, TIMEOUT, SESSION_LOST}
+        broken = episode.failure is not None and episode.failure.kind in _BREAKS_INSTANCE
         await self.pool.release(instance, healthy=not broken)
 
     async def _reap_idle(self) -> None:
-        """End episodes nobody touched for ``idle_timeout``: a trainer that gave up mid-episode (verifiers never
-        calls /close_session) must not hold an instance forever. A late verify is answered ``session_expired``."""
-        interval = max(0.25, min(30.0, self.settings.idle_timeout / 4))
+        """The one sweeper: end episodes nobody touched for ``idle_timeout`` (a trainer that gave up mid-episode,
+        and verifiers never calls /close_session, must not hold an instance forever; a late verify is answered
+        ``session_expired``), and forget closed sessions and verdicts older than ``remember``."""
+        interval = max(0.25, min(30.0, self.settings.idle_timeout / 4, self.settings.remember / 4))
         while True:
             await asyncio.sleep(interval)
-            cutoff = time.monotonic() - self.settings.idle_timeout
+            now = time.monotonic()
+            for memory in (self._closed, self._verdicts, self._answered):
+                memory.forget_before(now)
+            cutoff = now - self.settings.idle_timeout
             for episode in list(self._episodes.values()):
                 if episode.last_used < cutoff and not episode.lock.locked():
-                    failure = Failure(SESSION_EXPIRED, f"no call for {self.settings.idle_timeout:g}s")
-                    self._remember(self._verdicts, episode.key, Verdict.masked(episode.task.id, failure))
+                    failure = Failure(SESSION_EXPIRED, f"no call for {self.settings.idle_timeout:g}s (idle_timeout_s)")
+                    self._verdicts.put(episode.key, Verdict.masked(episode.task.id, failure))
+                    self.counters["expired"] += 1
                     await self._shielded(self._end(episode, failure))
 
-    @staticmethod
-    def _remember(store: OrderedDict[str, Any], key: str, value: Any) -> None:
-        store[key] = value
-        store.move_to_end(key)
-        while len(store) > _REMEMBERED:
-            store.popitem(last=False)
+
+class _Memory[V]:
+    """Values by session id, each kept for ``ttl`` seconds and at most ``_REMEMBERED`` of them: what lets a late or
+    repeated call get a meaningful answer, without growing with every episode the server ever played."""
+
+    def __init__(self, ttl: float) -> None:
+        self.ttl = ttl
+        self._items: OrderedDict[str, tuple[float, V]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
+
+    def get(self, key: str) -> V | None:
+        item = self._items.get(key)
+        return item[1] if item is not None else None
+
+    def pop(self, key: str) -> V | None:
+        item = self._items.pop(key, None)
+        return item[1] if item is not None else None
+
+    def put(self, key: str, value: V) -> None:
+        self._items[key] = (time.monotonic() + self.ttl, value)
+        self._items.move_to_end(key)
+        while len(self._items) > _REMEMBERED:
+            self._items.popitem(last=False)
+
+    def forget_before(self, now: float) -> None:
+        """Drop what expired; insertion order is expiry order, so this stops at the first item still kept."""
+        while self._items:
+            key, (expires, _) = next(iter(self._items.items()))
+            if expires > now:
+                return
+            del self._items[key]
 
 
 def _failure(error: BaseException, *, stage: str) -> Failure:
@@ -364,8 +474,12 @@ def _failure(error: BaseException, *, stage: str) -> Failure:
         return Failure(NO_INSTANCE, reason)
     if isinstance(error, TimeoutError | httpx.TimeoutException | EnvTimeoutError):
         return Failure(TIMEOUT, reason)
+    if isinstance(error, EnvDroppedError):
+        return Failure(PEER_DROP, reason)
     if isinstance(error, EnvUnavailableError | httpx.TransportError):
         return Failure(UNREACHABLE, reason)
+    if isinstance(error, MalformedReplyError):
+        return Failure(MALFORMED_REPLY, reason)
     if isinstance(error, McpSessionError):
         return Failure(SESSION_LOST, reason)
     if isinstance(error, DataPlaneError):

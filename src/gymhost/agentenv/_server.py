@@ -23,7 +23,14 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from .._exceptions import FolderError
 from ._pool import BundleLauncher, InProcessLauncher, Launcher, Pool, UrlLauncher
-from ._runtime import Runtime, RuntimeSettings, SessionConflictError, UnknownTaskError, Verdict
+from ._runtime import (
+    EpisodeStateError,
+    Runtime,
+    RuntimeSettings,
+    SessionConflictError,
+    UnknownTaskError,
+    Verdict,
+)
 from ._tasks import Task, load_task_folder
 
 __all__ = ["AgentEnvResourcesServer", "AgentEnvResourcesServerConfig", "SourceConfig"]
@@ -56,7 +63,12 @@ class AgentEnvResourcesServerConfig(gym.BaseResourcesServerConfig):  # type: ign
     tool_timeout_s: float = Field(default=60.0, gt=0)
     data_timeout_s: float = Field(default=30.0, gt=0)
     startup_timeout_s: float = Field(default=60.0, gt=0)
-    idle_timeout_s: float = Field(default=300.0, gt=0)
+    idle_timeout_s: float = Field(
+        default=300.0, gt=0, description="An episode with no call for this long ends, masked as session_expired"
+    )
+    remember_s: float = Field(
+        default=600.0, gt=0, description="How long closed sessions and verdicts are kept, for late or repeated calls"
+    )
 
 
 class AgentEnvSeedRequest(gym.BaseSeedSessionRequest):  # type: ignore[misc]
@@ -146,6 +158,7 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
                     role=self.config.role,
                     tool_timeout=self.config.tool_timeout_s,
                     idle_timeout=self.config.idle_timeout_s,
+                    remember=self.config.remember_s,
                 ),
             )
             await runtime.start()
@@ -177,19 +190,27 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         try:
             episode = await runtime.seed(key, split if isinstance(split, str) else None, str(task_id), identity)
         except UnknownTaskError as error:
-            raise HTTPException(404, str(error)) from None
+            return _error(404, str(error))
         except SessionConflictError as error:
-            raise HTTPException(409, str(error)) from None
+            return _error(409, str(error))
         if episode.failure is not None:
             detail = {"detail": episode.failure.reason, "failure_kind": episode.failure.kind}
-            return JSONResponse(detail, status_code=503)
+            return JSONResponse(detail, status_code=503, headers={"Retry-After": "1"})
         if identity is not None:
             return JSONResponse(gym.ResourcesSeedSessionResponse(resources_session_id=key).model_dump(mode="json"))
         return JSONResponse({"task_id": episode.task.id})
 
-    async def verify(self, request: Request, body: AgentEnvVerifyRequest) -> AgentEnvVerifyResponse:
-        verdict = await self._running().verify(request.session[SESSION_ID_KEY], _final_text(body.response))
-        return _verify_response(body, verdict)
+    async def verify(self, request: Request, body: AgentEnvVerifyRequest) -> Response:
+        try:
+            verdict = await self._running().verify(request.session[SESSION_ID_KEY], _final_text(body.response))
+        except EpisodeStateError as error:
+            detail: dict[str, Any] = {"detail": str(error)}
+            if error.verdict is not None:
+                detail["verdict"] = _verify_response(body, error.verdict).model_dump(
+                    mode="json", include=set(_ANSWER_FIELDS)
+                )
+            return JSONResponse(detail, status_code=409)
+        return JSONResponse(_verify_response(body, verdict).model_dump(mode="json"))
 
     async def close_resources_session(self, request: Request, body: CloseBody) -> Response:
         if _RESOURCES_FLOW and isinstance(body, gym.ResourcesCloseSessionRequest):
@@ -235,17 +256,29 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
                     }
                 },
             )
+        if "/{name}" not in existing:
+            # Last, so it answers only a POST no other route took: a tool this server does not have.
+            names = ", ".join(tool["name"] for tool in runtime.tools)
+
+            async def unknown_tool(name: str) -> Response:
+                return _error(404, f"no tool {name!r} here; the tools are: {names}")
+
+            app.add_api_route("/{name}", unknown_tool, methods=["POST"], include_in_schema=False)
 
     def _tool_endpoint(self, name: str) -> Callable[[Request], Any]:
         async def call_tool(request: Request) -> Response:
             raw = await request.body()
             try:
-                arguments = json.loads(raw) if raw.strip() else {}
-            except ValueError:
-                return PlainTextResponse(f"the arguments of {name} must be a JSON object", status_code=400)
+                arguments = json.loads(raw, parse_constant=_no_constant) if raw.strip() else {}
+            except ValueError as error:  # not JSON, not UTF-8, or NaN/Infinity, which JSON does not have
+                return _error(400, f"the arguments of {name} must be a JSON object: {error}")
+            except RecursionError:
+                return _error(400, f"the arguments of {name} are nested too deeply")
             if not isinstance(arguments, dict):
-                return PlainTextResponse(f"the arguments of {name} must be a JSON object", status_code=400)
+                return _error(400, f"the arguments of {name} must be a JSON object, not {type(arguments).__name__}")
             reply = await self._running().call_tool(request.session[SESSION_ID_KEY], name, arguments)
+            if reply.refused:
+                return _error(reply.status, reply.text)
             return PlainTextResponse(reply.text, status_code=reply.status)
 
         call_tool.__name__ = f"tool_{name}"
@@ -272,6 +305,15 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         if not source.urls:
             raise FolderError(f"{type(self).__name__}: source.kind is urls but source.urls is empty")
         return UrlLauncher(source.urls)
+
+
+def _error(status: int, detail: str) -> Response:
+    """gymhost's own refusals, shaped like FastAPI's errors, so a client reads every error the same way."""
+    return JSONResponse({"detail": detail}, status_code=status)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _final_text(response: Any) -> str:

@@ -1,0 +1,76 @@
+"""A bearer token in front of a server, for when it listens beyond loopback.
+
+A Gym server trusts whoever reaches it: seeding, tool calls and verify change state, and the pool and instance
+routes show it. ``BearerTokenMiddleware`` refuses every request without ``Authorization: Bearer <token>`` with a
+401, except liveness probes (``GET`` or ``HEAD`` of ``open_paths``), which a load balancer sends without
+credentials. The token is compared in constant time, and it is never logged or echoed.
+
+The token comes from ``GYMHOST_TOKEN`` unless given explicitly, so an operator who sets it protects every app gymhost
+builds in the process, ``create_app`` inside a gateway of their own included.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+from collections.abc import Collection
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+__all__ = ["LIVENESS_PATHS", "TOKEN_ENV_VAR", "BearerTokenMiddleware", "resolve_token"]
+
+TOKEN_ENV_VAR = "GYMHOST_TOKEN"
+# Gym's liveness routes (nemo-gym 0.4.0 answers "/" only; 0.5+ adds the others).
+LIVENESS_PATHS = frozenset({"/", "/health", "/healthz", "/livez", "/readyz"})
+
+
+def resolve_token(token: str | None) -> str | None:
+    """``token`` if given, else ``GYMHOST_TOKEN`` if set and not empty."""
+    if token is not None:
+        return token or None
+    return os.environ.get(TOKEN_ENV_VAR) or None
+
+
+class BearerTokenMiddleware:
+    def __init__(self, app: ASGIApp, *, token: str, open_paths: Collection[str] = LIVENESS_PATHS) -> None:
+        if not token:
+            raise ValueError("BearerTokenMiddleware needs a non-empty token")
+        self.app = app
+        self.expected = f"Bearer {token}".encode("latin-1")
+        self.open_paths = frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or self._is_open(scope):
+            await self.app(scope, receive, send)
+            return
+        given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        reason = "a wrong bearer token" if given else "no bearer token"
+        body = json.dumps({"detail": f"this server needs Authorization: Bearer <token>; the request had {reason}"})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"www-authenticate", b"Bearer"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body.encode()})
+
+    def _is_open(self, scope: Scope) -> bool:
+        if scope.get("method") not in ("GET", "HEAD"):
+            return False
+        path: str = scope["path"]
+        root = scope.get("root_path") or ""
+        if root and path.startswith(root):  # mounted: Starlette keeps the prefix in path and sets root_path
+            path = path[len(root) :] or "/"
+        return path in self.open_paths

@@ -1,0 +1,144 @@
+"""Request bodies an app refuses before any handler reads them: too large, nested too deeply, or not Unicode.
+
+A Gym server parses every body with ``json.loads`` and echoes parts of it back; three kinds of input turn that into
+a 500 or worse, and each is cheaper to refuse at the door than to survive inside:
+
+- a huge body is read into memory whole (``max_body_bytes``; a ``Content-Length`` above it is refused before a byte
+  is read, a streamed body as soon as it passes the limit): 413;
+- deep nesting overflows the recursion of whatever walks the parsed value (FastAPI's encoder, pydantic, a grader):
+  400 beyond ``max_json_depth``. Counting depth costs a scan only when the body holds more brackets than the limit;
+- a lone surrogate escape (``"\\ud800"``) is valid JSON but no Unicode string: it parses, then fails to encode in
+  the answer or on its way to an environment: 400.
+
+The answer is JSON with a ``detail``, as FastAPI's own errors are. The app then sees the client as gone and what it
+sends is dropped. Requests without a body, and bodies that are not JSON (by ``Content-Type``), pass untouched
+except for the size limit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from itertools import accumulate
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_DEPTH", "RequestGuardMiddleware", "json_problem"]
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for a long multi-turn transcript with images, bounded per request
+DEFAULT_MAX_JSON_DEPTH = 128  # tool schemas and transcripts nest tens deep; Python's recursion breaks near 1,000
+
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # unrolled: no alternation per character
+_BRACKETS = bytes(range(256)).translate(None, b"[]{}")  # every byte but brackets, to delete
+_STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
+# Escaped backslashes and surrogate escapes, scanned left to right: a pair of backslashes is consumed as one token,
+# so a literal "\\ud800" in the text is never taken for an escape.
+_SURROGATE_ESCAPE = re.compile(rb"\\\\|\\u([dD][89a-fA-F][0-9a-fA-F]{2})")
+
+
+def json_problem(body: bytes, max_depth: int) -> str | None:
+    """Why ``body`` must be refused before it is parsed, or None. Not a JSON validator: malformed JSON is left to
+    the parser, which answers it in the app's own way."""
+    if (b"\\ud" in body or b"\\uD" in body) and _has_lone_surrogate(body):
+        return "the body holds a lone UTF-16 surrogate escape (such as \\ud800), which is not Unicode text"
+    if body.count(b"[") + body.count(b"{") > max_depth and _depth(body) > max_depth:
+        return f"the body's JSON is nested more than {max_depth} levels deep"
+    return None
+
+
+def _has_lone_surrogate(body: bytes) -> bool:
+    """A high surrogate escape not followed at once by a low one, or a low one without a high one before it."""
+    high_ends_at = -1
+    for match in _SURROGATE_ESCAPE.finditer(body):
+        unit = match.group(1)
+        if high_ends_at >= 0:
+            if unit is None or unit[1:2] in b"89abAB" or match.start() != high_ends_at:
+                return True
+            high_ends_at = -1
+        elif unit is not None:
+            if unit[1:2] not in b"89abAB":
+                return True
+            high_ends_at = match.end()
+    return high_ends_at >= 0
+
+
+def _depth(body: bytes) -> int:
+    """The deepest nesting of brackets outside strings, at C speed: strings removed, then everything but brackets."""
+    brackets = _STRING.sub(b"", body).translate(None, _BRACKETS)
+    return max(accumulate(_STEP[byte] for byte in brackets), default=0)
+
+
+class RequestGuardMiddleware:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+    ) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.max_json_depth = max_json_depth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length, is_json = None, True
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = int(value) if value.isdigit() else None
+            elif name == b"content-type":
+                is_json = b"json" in value.lower()
+        if length is not None and length > self.max_body_bytes:
+            await _refuse(send, 413, self._too_large())
+            return
+        if length == 0 or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        await self._guarded(scope, receive, send, is_json)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send, is_json: bool) -> None:
+        """Read the whole body (the app would anyway), check it, then hand it to the app as one message."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: let the app see that
+                await self.app(scope, _replay([message], receive), send)
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                await _refuse(send, 413, self._too_large())
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        problem = json_problem(body, self.max_json_depth) if is_json else None
+        if problem is not None:
+            await _refuse(send, 400, problem)
+            return
+        await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}], receive), send)
+
+    def _too_large(self) -> str:
+        return f"the request body is larger than this server's limit of {self.max_body_bytes} bytes"
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed
+
+
+async def _refuse(send: Send, status: int, detail: str) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status == 413:
+        headers.append((b"connection", b"close"))  # the rest of the body is not read; the connection cannot be reused
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
