@@ -212,18 +212,49 @@ async def test_close_session_tears_the_episode_down(folder: Path) -> None:
         assert (await episode.post("/seed_session", row)).status_code == 409
 
 
-async def test_a_seed_that_finds_no_free_instance_is_masked(folder: Path) -> None:
-    async with served(folder, source={"instances": 1}, lease_timeout_s=0.5) as transport:
+async def test_seeds_wait_for_a_lease_visibly_then_answer_503_naming_the_limit(folder: Path) -> None:
+    async with served(folder, source={"instances": 1}, lease_timeout_s=1) as transport:
         row = row_for(folder, "corridor-east")
-        holder, waiter = EpisodeClient(BASE, transport=transport), EpisodeClient(BASE, transport=transport)
+        holder = EpisodeClient(BASE, transport=transport)
+        waiters = [EpisodeClient(BASE, transport=transport) for _ in range(2)]
         await holder.seed(row)
-        refused = await waiter.post("/seed_session", row)
-        assert refused.status_code == 503
-        assert refused.json()["failure_kind"] == "provider_unavailable"
-        waiter.cookies.update(refused.cookies)
-        answer = await waiter.verify(row)
-        assert (answer["mask_sample"], answer["failure_kind"]) == (True, "provider_unavailable")
+        seeding = [asyncio.create_task(waiter.post("/seed_session", row)) for waiter in waiters]
+        await asyncio.sleep(0.5)
+        status = await pool(BASE, transport)
+        assert (status["waiting_seeds"], status["leased"], status["free"]) == (2, 1, 0)
+        assert status["limits"]["instances"] == 1
+        assert status["limits"]["lease_timeout_s"] == 1
+        for waiter, refused in zip(waiters, await asyncio.gather(*seeding), strict=True):
+            assert refused.status_code == 503
+            assert refused.json()["failure_kind"] == "provider_unavailable"
+            assert "within lease_timeout_s=1s: all 1 instances (source.instances)" in refused.json()["detail"]
+            waiter.cookies.update(refused.cookies)
+            answer = await waiter.verify(row)
+            assert (answer["mask_sample"], answer["failure_kind"]) == (True, "provider_unavailable")
         assert (await holder.verify(row))["mask_sample"] is False
+        status = await pool(BASE, transport)
+        assert status["waiting_seeds"] == 0
+        assert status["counters"]["lease_timeouts"] == 2
+        assert (status["counters"]["seeded"], status["counters"]["seed_failed"]) == (1, 2)
+
+
+async def test_closed_sessions_and_verdicts_are_forgotten_after_remember_s(folder: Path) -> None:
+    async with served(folder, remember_s=1) as transport:
+        row = row_for(folder, "corridor-east")
+        closed, verified = EpisodeClient(BASE, transport=transport), EpisodeClient(BASE, transport=transport)
+        await closed.seed(row)
+        await closed.post("/close_session", {})
+        assert (await closed.post("/seed_session", row)).status_code == 409  # a closed session stays closed
+        await verified.seed(row)
+        await verified.verify(row)
+        assert (await pool(BASE, transport))["remembered"] == {"verdicts": 1, "closed": 1}
+        deadline = time.monotonic() + 10
+        while (await pool(BASE, transport))["remembered"] != {"verdicts": 0, "closed": 0}:
+            assert time.monotonic() < deadline, "remembered sessions were never forgotten"
+            await asyncio.sleep(0.2)
+        late = await verified.post("/verify", {**row, "response": verified.transcript.response("")})
+        assert late.status_code == 409
+        assert "call /seed_session first" in late.json()["detail"]
 
 
 async def test_idle_episodes_expire_and_free_their_instance(folder: Path) -> None:

@@ -229,11 +229,12 @@ def _config_yaml(name: str, source: Source, instances: int, mode: str, tasks_pat
 {source_block}
       tasks: {q(tasks_path)}
       role: null
-      lease_timeout_s: 30
-      tool_timeout_s: 60
-      data_timeout_s: 30
-      startup_timeout_s: 60
-      idle_timeout_s: 300
+      lease_timeout_s: 30    # a seed waits this long for a free instance, then answers 503
+      tool_timeout_s: 60     # a tool call's limit; past it the episode is masked and the instance replaced
+      data_timeout_s: 30     # the data plane's, the card's and grading extensions' limit
+      startup_timeout_s: 60  # an instance's limit to come up
+      idle_timeout_s: 300    # an episode with no call for this long ends, masked as session_expired
+      remember_s: 600        # closed sessions and verdicts are kept this long for late or repeated calls
 {name}_simple_agent:
   responses_api_agents:
     simple_agent:
