@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
@@ -53,7 +54,8 @@ def start_server(folder: Path) -> tuple[subprocess.Popen[str], str]:
 async def play(url: str, row: dict[str, Any], task: Task, *, give_up: bool) -> tuple[int, dict[str, Any]]:
     assert task.solution is not None
     calls = task.solution.tool_calls[:1] if give_up else task.solution.tool_calls
-    async with EpisodeClient(url) as episode:
+    # With GYMHOST_TOKEN set, the server requires it (liveness probes aside): send it as a trainer would.
+    async with EpisodeClient(url, token=os.environ.get("GYMHOST_TOKEN")) as episode:
         await episode.seed(row)
         for call in calls:
             await episode.call_tool(call.name, call.arguments)

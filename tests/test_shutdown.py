@@ -58,8 +58,9 @@ def counter(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_folder(str(make_bundle(root)), root / "root", instances=1).path
 
 
-def test_a_call_in_flight_finishes_and_then_the_instances_stop(counter: Path) -> None:
-    with serving(gymhost_command("serve", str(counter), "--port", "0")) as server:
+@pytest.mark.parametrize("server_name", ["uvicorn", "hypercorn"])
+def test_a_call_in_flight_finishes_and_then_the_instances_stop(counter: Path, server_name: str) -> None:
+    with serving(gymhost_command("serve", str(counter), "--port", "0", "--server", server_name)) as server:
         (pid,) = [i["pid"] for i in httpx.get(f"{server.url}/agentenv/pool").json()["instances"]]
         client = seeded(server, rows(counter)[0])
         answer, took = stop_while(server, lambda: client.post("/stall", json={"seconds": 2}), after_s=0.5)

@@ -70,7 +70,8 @@ class Transcript:
 
 
 class EpisodeClient:
-    """One episode: seed, tool calls, verify. Use as an async context manager, or call ``aclose()``."""
+    """One episode: seed, tool calls, verify. Use as an async context manager, or call ``aclose()``. ``token``:
+    the bearer token of a server that requires one."""
 
     def __init__(
         self,
@@ -79,8 +80,10 @@ class EpisodeClient:
         transport: httpx.AsyncBaseTransport | None = None,
         timeout: float = 60.0,
         reuse_connection: bool = False,
+        token: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self._auth = {"authorization": f"Bearer {token}"} if token else {}
         self.cookies = httpx.Cookies()
         self.transcript = Transcript()
         self._transport = transport
@@ -130,6 +133,7 @@ class EpisodeClient:
     async def _post(self, path: str, body: dict[str, Any]) -> httpx.Response:
         # Cookies go in a header, as verifiers sends them, so no client-side jar picks up later Set-Cookie.
         headers = {"cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items())} if self.cookies else {}
+        headers.update(self._auth)
         if self._shared is not None:
             return await self._shared.post(path, json=body, headers=headers)
         async with self._client() as client:

@@ -60,7 +60,7 @@ def check_folder(folder: str | Path) -> list[RowCheck]:
 async def _check(folder: Path) -> list[RowCheck]:
     from ._server import AgentEnvResourcesServer
 
-    app = create_app(folder)
+    app = create_app(folder, token="")  # played in-process: no request crosses the network
     server = app.state.gymhost.server
     if not isinstance(server, AgentEnvResourcesServer):
         raise CheckError(f"{folder}: its server is {type(server).__name__}, not one `gymhost write` wrote")
