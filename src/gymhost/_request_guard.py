@@ -41,7 +41,7 @@ def json_problem(body: bytes, max_depth: int) -> str | None:
     the parser, which answers it in the app's own way."""
     if (b"\\ud" in body or b"\\uD" in body) and _has_lone_surrogate(body):
         return "the body holds a lone UTF-16 surrogate escape (such as \\ud800), which is not Unicode text"
-    if body.count(b"[") + body.count(b"{") > max_depth and _depth(body) > max_depth:
+    if len(body) > max_depth and body.count(b"[") + body.count(b"{") > max_depth and _depth(body) > max_depth:
         return f"the body's JSON is nested more than {max_depth} levels deep"
     return None
 
@@ -100,37 +100,49 @@ class RequestGuardMiddleware:
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, is_json: bool) -> None:
         """Read the whole body (the app would anyway), check it, then hand it to the app as one message."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client left: let the app see that
-                await self.app(scope, _replay([message], receive), send)
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                await _refuse(send, 413, self._too_large())
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        problem = json_problem(body, self.max_json_depth) if is_json else None
+        message = await receive()
+        if message["type"] != "http.request":  # the client left: let the app see that
+            await self.app(scope, _replay(message, receive), send)
+            return
+        body = message.get("body", b"")
+        if message.get("more_body", False):
+            chunks, size = [body], len(body)
+            while message.get("more_body", False):
+                message = await receive()
+                if message["type"] != "http.request":
+                    await self.app(scope, _replay(message, receive), send)
+                    return
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > self.max_body_bytes:
+                    await _refuse(send, 413, self._too_large())
+                    return
+                chunks.append(chunk)
+            body = b"".join(chunks)
+            message = {"type": "http.request", "body": body, "more_body": False}
+        elif len(body) > self.max_body_bytes:
+            await _refuse(send, 413, self._too_large())
+            return
+        problem = json_problem(body, self.max_json_depth) if is_json and body else None
         if problem is not None:
             await _refuse(send, 400, problem)
             return
-        await self.app(scope, _replay([{"type": "http.request", "body": body, "more_body": False}], receive), send)
+        await self.app(scope, _replay(message, receive), send)
 
     def _too_large(self) -> str:
         return f"the request body is larger than this server's limit of {self.max_body_bytes} bytes"
 
 
-def _replay(messages: list[Message], receive: Receive) -> Receive:
-    pending = list(messages)
+def _replay(first: Message, receive: Receive) -> Receive:
+    """``first``, then whatever the server sends next (the disconnect an app may wait for)."""
+    pending: Message | None = first
 
     async def replayed() -> Message:
-        return pending.pop(0) if pending else await receive()
+        nonlocal pending
+        if pending is None:
+            return await receive()
+        message, pending = pending, None
+        return message
 
     return replayed
 
