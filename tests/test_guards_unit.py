@@ -50,7 +50,8 @@ async def post(
     target: Any, body: bytes | AsyncIterator[bytes], path: str = "/echo", content_type: str = "application/json"
 ) -> httpx.Response:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=target), base_url="http://t") as client:
-        return await client.post(path, content=body, headers={"content-type": content_type})
+        headers = {"content-type": content_type} if content_type else {}
+        return await client.post(path, content=body, headers=headers)
 
 
 async def test_a_body_over_the_limit_is_refused_by_its_declared_length() -> None:
@@ -102,12 +103,35 @@ async def test_nesting_beyond_the_depth_limit_is_refused_and_brackets_in_strings
     assert (await post(app(), b"[" * 100_000 + b"]" * 100_000)).status_code == 400
 
 
-async def test_a_body_that_is_not_json_is_only_size_checked() -> None:
-    body = b"[[[[\\ud800]]]]"
-    assert json_problem(body, 2) is not None  # as JSON, these bytes would be refused twice over
-    answer = await post(app(max_json_depth=2), body, path="/length", content_type="text/plain")
+@pytest.mark.parametrize(
+    ("body", "refused"),
+    [
+        (b'{"x": NaN}', "NaN or Infinity"),
+        (b"[-Infinity]", "NaN or Infinity"),
+        (b'{"x": "NaN and Infinity, in words"}', None),
+        (b'{"x": "\xff"}', "not UTF-8 text (byte 7: invalid start byte)"),
+    ],
+)
+@pytest.mark.parametrize("content_type", ["application/json", "text/plain", ""])
+async def test_values_no_json_encoder_writes_back_are_refused(
+    body: bytes, refused: str | None, content_type: str
+) -> None:
+    """FastAPI's 422 repeats the input; NaN, or bytes that are not UTF-8, in it made that answer a 500. A tool
+    route parses any body as JSON, so text and undeclared bodies are checked too."""
+    answer = await post(app(), body, path="/length", content_type=content_type)
+    if refused:
+        assert answer.status_code == 400
+        assert refused in answer.json()["detail"]
+    else:
+        assert answer.json() == {"length": len(body)}
+
+
+async def test_a_body_of_another_type_is_only_size_checked() -> None:
+    body = b"[[[[\\ud800 NaN \xff]]]]"
+    assert json_problem(body, 2) is not None  # as JSON, these bytes would be refused on several counts
+    answer = await post(app(max_json_depth=2), body, path="/length", content_type="application/octet-stream")
     assert answer.json() == {"length": len(body)}
-    too_long = await post(app(max_body_bytes=4), body, path="/length", content_type="text/plain")
+    too_long = await post(app(max_body_bytes=4), body, path="/length", content_type="application/octet-stream")
     assert too_long.status_code == 413
 
 

@@ -97,6 +97,7 @@ def create_app(
         signing_mcp_tokens_with_secret,
     )
     from ._server_client import build_server_client, own_aiohttp_client, referenced_servers, seed_global_config
+    from ._validation_errors import install_validation_errors
 
     name = overrides.pop("name", None)
     spec = load_server_spec(folder, config_key=config_key, overrides=overrides)
@@ -127,6 +128,7 @@ def create_app(
     install_exception_middleware(app, server_key=server.get_session_middleware_key())
     install_disconnect_cancellation(app)
     mount_safe_rollout_paths(app)
+    install_validation_errors(app)
     # Outermost, in this order: a request without the token is refused before its body is read.
     app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body_bytes, max_json_depth=max_json_depth)
     required = resolve_token(token)

@@ -1,18 +1,20 @@
-"""Request bodies an app refuses before any handler reads them: too large, nested too deeply, or not Unicode.
+"""Request bodies an app refuses before any handler reads them: too large, nested too deeply, or not text.
 
-A Gym server parses every body with ``json.loads`` and echoes parts of it back; three kinds of input turn that into
-a 500 or worse, and each is cheaper to refuse at the door than to survive inside:
+A Gym server parses every body with ``json.loads`` and echoes parts of it back in its answers (FastAPI's 422 repeats
+the input); these kinds of input turn that into a 500 or worse, and each is cheaper to refuse at the door than to
+survive inside:
 
 - a huge body is read into memory whole (``max_body_bytes``; a ``Content-Length`` above it is refused before a byte
   is read, a streamed body as soon as it passes the limit): 413;
 - deep nesting overflows the recursion of whatever walks the parsed value (FastAPI's encoder, pydantic, a grader):
   400 beyond ``max_json_depth``. Counting depth costs a scan only when the body holds more brackets than the limit;
 - a lone surrogate escape (``"\\ud800"``) is valid JSON but no Unicode string: it parses, then fails to encode in
-  the answer or on its way to an environment: 400.
+  the answer or on its way to an environment: 400;
+- ``NaN`` and ``Infinity``, which Python's parser accepts and no JSON encoder writes back: 400;
+- bytes that are not UTF-8, which FastAPI's error answer cannot repeat: 400.
 
-The answer is JSON with a ``detail``, as FastAPI's own errors are. The app then sees the client as gone and what it
-sends is dropped. Requests without a body, and bodies that are not JSON (by ``Content-Type``), pass untouched
-except for the size limit.
+The answer is JSON with a ``detail``, as FastAPI's own errors are. Bodies declared JSON or text, or not declared at
+all, are checked (a Gym tool route parses whatever it gets as JSON); other types (a file upload) only for size.
 """
 
 from __future__ import annotations
@@ -39,11 +41,38 @@ _SURROGATE_ESCAPE = re.compile(rb"\\\\|\\u([dD][89a-fA-F][0-9a-fA-F]{2})")
 def json_problem(body: bytes, max_depth: int) -> str | None:
     """Why ``body`` must be refused before it is parsed, or None. Not a JSON validator: malformed JSON is left to
     the parser, which answers it in the app's own way."""
+    if not body.isascii():
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError as error:
+            return f"the body is not UTF-8 text (byte {error.start}: {error.reason})"
     if (b"\\ud" in body or b"\\uD" in body) and _has_lone_surrogate(body):
         return "the body holds a lone UTF-16 surrogate escape (such as \\ud800), which is not Unicode text"
     if len(body) > max_depth and body.count(b"[") + body.count(b"{") > max_depth and _depth(body) > max_depth:
         return f"the body's JSON is nested more than {max_depth} levels deep"
+    if (b"NaN" in body or b"Infinity" in body) and _has_constant(body):
+        return "the body holds NaN or Infinity, which are not JSON values"
     return None
+
+
+class _Constant(Exception):
+    pass
+
+
+def _raise_constant(name: str) -> None:
+    raise _Constant(name)
+
+
+def _has_constant(body: bytes) -> bool:
+    """Whether the parser meets NaN or Infinity as a value (not inside a string). Only a body that holds those
+    words is parsed here; one that does not parse is the app's parser's to answer."""
+    try:
+        json.loads(body, parse_constant=_raise_constant)
+    except _Constant:
+        return True
+    except (ValueError, RecursionError):
+        return False
+    return False
 
 
 def _has_lone_surrogate(body: bytes) -> bool:
@@ -89,7 +118,8 @@ class RequestGuardMiddleware:
             if name == b"content-length":
                 length = int(value) if value.isdigit() else None
             elif name == b"content-type":
-                is_json = b"json" in value.lower()
+                kind = value.lower()
+                is_json = b"json" in kind or kind.startswith(b"text/")
         if length is not None and length > self.max_body_bytes:
             await _refuse(send, 413, self._too_large())
             return

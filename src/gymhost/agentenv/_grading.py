@@ -154,7 +154,7 @@ def _json_equal(left: Any, right: Any) -> bool:
     if isinstance(left, bool) or isinstance(right, bool):
         return isinstance(left, bool) and isinstance(right, bool) and left == right
     if isinstance(left, int | float) and isinstance(right, int | float):
-        return float(left) == float(right)
+        return left == right  # Python compares int and float exactly, huge integers included
     if isinstance(left, Mapping) and isinstance(right, Mapping):
         return left.keys() == right.keys() and all(_json_equal(left[k], right[k]) for k in left)
     if isinstance(left, list | tuple) and isinstance(right, list | tuple):

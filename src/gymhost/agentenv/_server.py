@@ -220,6 +220,13 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         await self._running().close(request.session[SESSION_ID_KEY])
         return JSONResponse({})
 
+    async def aggregate_metrics(self, body: gym.AggregateMetricsRequest) -> Any:
+        """Gym's, with the verify responses it cannot index (no rollout keys, duplicates) answered 422, not 500."""
+        try:
+            return await super().aggregate_metrics(body)
+        except (KeyError, ValueError) as error:
+            raise HTTPException(422, f"verify_responses cannot be aggregated: {error!r}") from None
+
     async def pool_status(self) -> dict[str, Any]:
         return self._running().status()
 
@@ -270,7 +277,10 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             raw = await request.body()
             try:
                 arguments = json.loads(raw, parse_constant=_no_constant) if raw.strip() else {}
-            except ValueError as error:  # not JSON, not UTF-8, or NaN/Infinity, which JSON does not have
+                # Whatever the body's declared type, what goes to the environment must encode as JSON text again
+                # (a lone surrogate parses, and fails only on the way out, where it would cost the episode).
+                json.dumps(arguments, ensure_ascii=False, allow_nan=False).encode()  # 1e999 parses as inf
+            except ValueError as error:  # not JSON, not UTF-8, NaN/Infinity, or a lone surrogate
                 return _error(400, f"the arguments of {name} must be a JSON object: {error}")
             except RecursionError:
                 return _error(400, f"the arguments of {name} are nested too deeply")
