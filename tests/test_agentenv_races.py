@@ -122,3 +122,16 @@ def test_check_reports_a_task_whose_seed_the_environment_rejects(tmp_path: Path)
     # The environment logs its own failure (with its traceback) on stderr; gymhost adds one line and no traceback.
     assert "HTTPStatusError" not in result.stderr
     assert result.stderr.strip().splitlines()[-1] == "Error: 1 of 2 rows failed the check"
+
+
+async def test_a_tool_call_longer_than_the_idle_timeout_does_not_expire_its_episode(folder: Path) -> None:
+    """Idle means no call, not a long one: the sweeper must not end an episode while its tool call runs."""
+    async with served(folder, idle_timeout_s=0.5) as transport:
+        the_row = row(folder, "count-to-3")
+        async with EpisodeClient(BASE, transport=transport) as episode:
+            await episode.seed(the_row)
+            assert (await episode.call_tool("stall", {"seconds": 2})).ok
+            assert (await episode.call_tool("increment", {"by": 2})).ok
+            answer = await episode.verify(the_row)
+        assert (answer["reward"], answer["mask_sample"]) == (1.0, False), answer
+        assert (await status(transport))["counters"]["expired"] == 0

@@ -135,6 +135,7 @@ class Episode:
     tools: McpSession | None = None
     failure: Failure | None = None
     last_used: float = field(default_factory=time.monotonic)
+    calls: int = 0  # tool calls in flight: an episode in use is never idle, however long a call takes
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -276,6 +277,7 @@ class Runtime:
         if episode.failure is not None or episode.tools is None:
             reason = episode.failure.reason if episode.failure else "the episode is still being seeded"
             return Reply(503, f"the environment is unavailable: {reason}", refused=True)
+        episode.calls += 1
         try:
             result = await episode.tools.call_tool(name, arguments)
         except Exception as error:
@@ -283,7 +285,8 @@ class Runtime:
             logger.warning("tool call %s failed: %s", name, episode.failure.reason)
             return Reply(503, f"the environment is unavailable: {episode.failure.reason}", refused=True)
         finally:
-            episode.last_used = time.monotonic()  # a long call is use, not idleness
+            episode.calls -= 1
+            episode.last_used = time.monotonic()
         return Reply(400 if result.isError else 200, result.text)
 
     async def verify(self, key: str, final_text: str) -> Verdict:
@@ -423,7 +426,7 @@ class Runtime:
                 memory.forget_before(now)
             cutoff = now - self.settings.idle_timeout
             for episode in list(self._episodes.values()):
-                if episode.last_used < cutoff and not episode.lock.locked():
+                if episode.last_used < cutoff and not episode.calls and not episode.lock.locked():
                     failure = Failure(SESSION_EXPIRED, f"no call for {self.settings.idle_timeout:g}s (idle_timeout_s)")
                     self._verdicts.put(episode.key, Verdict.masked(episode.task.id, failure))
                     self.counters["expired"] += 1
