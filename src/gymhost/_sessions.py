@@ -40,7 +40,7 @@ SECRET_ENV_VAR = "GYMHOST_SECRET"
 SESSION_ID_KEY = "session_id"  # nemo_gym.server_utils.SESSION_ID_KEY
 _SALT = "gymhost.session"
 _VERIFIED_KEPT = 100_000  # cookies kept verified at most; beyond that the cache starts again
-_VERIFIED_GENERATION_S = 300.0  # a cookie unseen for between one and two of these is verified again when it returns
+_VERIFIED_GENERATION_S = 60.0  # a cookie unseen for between one and two of these is verified again when it returns
 
 _random_secret: str | None = None
 

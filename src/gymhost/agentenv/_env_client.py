@@ -305,9 +305,9 @@ class McpSession:
                         if isinstance(reply, dict) and reply.get("id") == message["id"]:
                             return reply
                     raise McpMalformedReplyError(f"{method}: the event stream ended before the reply")
-                reply = json.loads(await response.aread())
+                reply = json.loads((await response.aread()).decode())  # UTF-8, as JSON is: no encoding guessed
             except ValueError as error:
-                raise McpMalformedReplyError(f"{method}: unreadable reply: {error}") from None
+                raise McpMalformedReplyError(f"{method}: the reply is not JSON: {error}") from None
             if not isinstance(reply, dict):
                 raise McpMalformedReplyError(f"{method}: the reply is not a JSON-RPC object")
             return reply

@@ -105,7 +105,9 @@ class Launcher(Protocol):
 
     async def launch(self, index: int, data_timeout: float) -> Instance: ...
 
-    async def stop(self, instance: Instance) -> None: ...
+    async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
+        """Take it down; not ``graceful`` when it is broken, and a request stuck in it would only delay the end."""
+        ...
 
 
 def load_environment_class(bundle: Path) -> type[Any]:
@@ -156,7 +158,7 @@ class UrlLauncher:
     async def launch(self, index: int, data_timeout: float) -> Instance:
         return Instance(index, EnvClient(self.urls[index], data_timeout=data_timeout))
 
-    async def stop(self, instance: Instance) -> None:
+    async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
         await instance.client.aclose()
 
 
@@ -185,12 +187,12 @@ class InProcessLauncher:
         client = EnvClient(f"http://instance-{index}.in-process", transport=transport, data_timeout=data_timeout)
         return Instance(index, client, hosted=_Hosted(task, stop))
 
-    async def stop(self, instance: Instance) -> None:
+    async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
         await instance.client.aclose()
         if instance.hosted is not None:
             instance.hosted.stop.set()
             try:
-                await asyncio.wait_for(asyncio.shield(instance.hosted.task), _STOP_GRACE_S)
+                await asyncio.wait_for(asyncio.shield(instance.hosted.task), _STOP_GRACE_S if graceful else 0.1)
             except TimeoutError:
                 instance.hosted.task.cancel()
             except Exception as error:
@@ -266,9 +268,11 @@ class BundleLauncher:
             )
         return Instance(index, EnvClient(f"http://127.0.0.1:{words[1]}", data_timeout=data_timeout), process)
 
-    async def stop(self, instance: Instance) -> None:
+    async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
         await instance.client.aclose()
         if instance.process is not None:
+            if not graceful:
+                _kill_now(instance.process)
             await _terminate(instance.process)
 
 
@@ -460,7 +464,7 @@ class Pool:
         while not self._stopping:
             try:
                 if self.launcher.restarts:
-                    await self.launcher.stop(broken)
+                    await self.launcher.stop(broken, graceful=False)
                     fresh = await self._bring_up(broken.index)
                     fresh.episodes = broken.episodes
                     self.instances[self.instances.index(broken)] = fresh

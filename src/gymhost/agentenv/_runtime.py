@@ -25,6 +25,7 @@ from .._exceptions import GymhostError
 from ._catalog import check_tasks, policy_tools
 from ._env_client import (
     DataPlaneError,
+    EnvClient,
     EnvDroppedError,
     EnvTimeoutError,
     EnvUnavailableError,
@@ -316,9 +317,7 @@ class Runtime:
     async def _seed(self, episode: Episode) -> Episode:
         async with episode.lock:
             try:
-                episode.instance = await self.pool.lease()
-                client = episode.instance.client
-                await client.reset()
+                client = await self._lease_answering(episode)
                 if episode.task.seed.parts:
                     parts = [part.model_dump(mode="json", exclude_none=True) for part in episode.task.seed.parts]
                     await client.add(parts)
@@ -336,6 +335,26 @@ class Runtime:
                 episode.failure = Failure(SESSION_LOST, "the session was closed while its episode was being seeded")
             episode.last_used = time.monotonic()
         return episode
+
+    async def _lease_answering(self, episode: Episode) -> EnvClient:
+        """Lease an instance and reset it. One that died while it was free does not answer: it goes to repair and
+        the seed takes the next free one (or the repaired one), so a fault between episodes costs no episode."""
+        for attempt in (1, 2):
+            episode.instance = await self.pool.lease()
+            try:
+                await episode.instance.client.reset()
+            except EnvUnavailableError as error:
+                if attempt == 2:
+                    raise
+                logger.warning(
+                    "environment instance %s did not answer: %s; seeding on another", episode.instance.index, error
+                )
+                instance, episode.instance = episode.instance, None
+                await self.pool.release(instance, healthy=False)
+                continue
+            break
+        assert episode.instance is not None
+        return episode.instance.client
 
     async def _verify(self, episode: Episode, final_text: str) -> Verdict:
         async with episode.lock:
