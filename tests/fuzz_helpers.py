@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from base64 import b64decode, b64encode
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
@@ -166,27 +167,20 @@ def refusal(body: bytes, *, max_body_bytes: int, max_json_depth: int) -> int | N
     except UnicodeDecodeError:
         return 400
     parsed, value = decode(body)
-    if parsed and (has_lone_surrogate(value) or json_depth(value) > max_json_depth or has_constant(body)):
+    if parsed and (has_lone_surrogate(value) or json_depth(value) > max_json_depth or has_non_finite(value)):
         return 400
     return None
 
 
-class _NotJson(Exception):
-    pass
-
-
-def _refuse_constant(name: str) -> Any:
-    raise _NotJson(name)
-
-
-def has_constant(body: bytes) -> bool:
-    """NaN, Infinity or -Infinity as values: Python's parser reads them, no JSON encoder writes them back."""
-    try:
-        json.loads(body, parse_constant=_refuse_constant)
-    except _NotJson:
-        return True
-    except (ValueError, RecursionError):
-        return False
+def has_non_finite(value: Any) -> bool:
+    """NaN or an infinity among the parsed values (NaN, Infinity, or a number like 1e999 that overflows): Python's
+    parser reads them, no JSON encoder writes them back."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, list):
+        return any(has_non_finite(item) for item in value)
+    if isinstance(value, dict):
+        return any(has_non_finite(item) for item in value.values())
     return False
 
 

@@ -161,3 +161,44 @@ def test_the_token_comes_from_the_environment_unless_given(monkeypatch: pytest.M
     assert resolve_token(None) is None
     monkeypatch.setenv("GYMHOST_TOKEN", "from-env")
     assert (resolve_token(None), resolve_token("given"), resolve_token("")) == ("from-env", "given", None)
+
+
+@pytest.mark.parametrize("body", [b'{"t": 1e999}', b"[1E+400]", b"[" + b"9" * 400 + b".5]"])
+async def test_numbers_that_overflow_to_infinity_are_refused(body: bytes) -> None:
+    """``json.loads`` reads them as inf: as invalid in an answer as NaN is."""
+    answer = await post(app(), body)
+    assert answer.status_code == 400
+    assert "too large for a float" in answer.json()["detail"]
+    assert (await post(app(), b'{"t": 1e308, "s": "1e999"}')).status_code == 200
+
+
+async def test_an_unterminated_string_after_many_brackets_is_scanned_in_one_pass() -> None:
+    """A string left open made the depth scan restart at every later quote: a few hundred KB held the event loop
+    for minutes. Now the end of the body closes the string, and the scan answers at once."""
+    body = b"[" * 200 + b'"' + b'\\"' * 200_000
+    assert json_problem(body, 128) == "the body's JSON is nested more than 128 levels deep"
+    assert json_problem(b"[" * 100 + b'"' + b'\\"' * 200_000, 128) is None
+
+
+def mounted_token_app() -> Starlette:
+    """The token middleware inside a mount, as create_app installs it: open paths are relative to the mount."""
+    inner = app()
+    inner.add_middleware(BearerTokenMiddleware, token=TOKEN)
+    return Starlette(routes=[Mount("/m", inner), Mount("/mx", app())])
+
+
+async def test_inside_a_mount_probes_are_open_relative_to_it_and_the_scheme_is_case_insensitive() -> None:
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=mounted_token_app()), base_url="http://t") as c:
+        assert (await c.get("/m/health")).status_code == 200
+        assert (await c.post("/m/echo", json=1)).status_code == 401
+        for scheme in ("Bearer", "bearer", "BEARER"):
+            assert (await c.post("/m/echo", json=1, headers={"authorization": f"{scheme} {TOKEN}"})).status_code == 200
+        assert (await c.post("/m/echo", json=1, headers={"authorization": f"Basic {TOKEN}"})).status_code == 401
+
+
+def test_a_token_that_cannot_travel_in_a_header_is_refused_without_being_echoed() -> None:
+    from gymhost import ServeError
+
+    with pytest.raises(ServeError, match="printable ASCII") as raised:
+        resolve_token("caf\u00e9-token")
+    assert "caf" not in str(raised.value)

@@ -18,6 +18,8 @@ from collections.abc import Collection
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ._exceptions import ServeError
+
 __all__ = ["LIVENESS_PATHS", "TOKEN_ENV_VAR", "BearerTokenMiddleware", "resolve_token"]
 
 TOKEN_ENV_VAR = "GYMHOST_TOKEN"
@@ -26,10 +28,12 @@ LIVENESS_PATHS = frozenset({"/", "/health", "/healthz", "/livez", "/readyz"})
 
 
 def resolve_token(token: str | None) -> str | None:
-    """``token`` if given, else ``GYMHOST_TOKEN`` if set and not empty."""
-    if token is not None:
-        return token or None
-    return os.environ.get(TOKEN_ENV_VAR) or None
+    """``token`` if given, else ``GYMHOST_TOKEN`` if set and not empty. A header carries ASCII only, so a token
+    that is not ASCII could never be sent: it is refused here, at build time (without echoing it)."""
+    resolved = (token if token is not None else os.environ.get(TOKEN_ENV_VAR)) or None
+    if resolved is not None and not (resolved.isascii() and resolved.isprintable() and " " not in resolved):
+        raise ServeError("the bearer token must be printable ASCII without spaces (it travels in an HTTP header)")
+    return resolved
 
 
 class BearerTokenMiddleware:
@@ -37,7 +41,7 @@ class BearerTokenMiddleware:
         if not token:
             raise ValueError("BearerTokenMiddleware needs a non-empty token")
         self.app = app
-        self.expected = f"Bearer {token}".encode("latin-1")
+        self.expected = token.encode("ascii")
         self.open_paths = frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -45,7 +49,9 @@ class BearerTokenMiddleware:
             await self.app(scope, receive, send)
             return
         given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-        if hmac.compare_digest(given, self.expected):
+        scheme, _, credentials = given.partition(b" ")
+        # The scheme is case-insensitive (RFC 7235); the token is compared in constant time.
+        if scheme.lower() == b"bearer" and hmac.compare_digest(credentials.strip(), self.expected):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
@@ -71,6 +77,8 @@ class BearerTokenMiddleware:
             return False
         path: str = scope["path"]
         root = scope.get("root_path") or ""
-        if root and path.startswith(root):  # mounted: Starlette keeps the prefix in path and sets root_path
+        # Mounted: Starlette keeps the prefix in path and sets root_path. A root_path the path does not carry (set
+        # by the server, for a proxy's prefix) is left alone, as Starlette's routing does.
+        if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
             path = path[len(root) :] or "/"
         return path in self.open_paths

@@ -20,6 +20,7 @@ all, are checked (a Gym tool route parses whatever it gets as JSON); other types
 from __future__ import annotations
 
 import json
+import math
 import re
 from itertools import accumulate
 
@@ -30,7 +31,11 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_DEPTH", "RequestGuardMidd
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for a long multi-turn transcript with images, bounded per request
 DEFAULT_MAX_JSON_DEPTH = 128  # tool schemas and transcripts nest tens deep; Python's recursion breaks near 1,000
 
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # unrolled: no alternation per character
+# A string, unrolled (no alternation per character). The end of the body also closes one: a string left open
+# would otherwise make every later quote start a scan to the end, quadratic in the body's size.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\Z)', re.DOTALL)
+# A number that may parse as infinity: a three-digit exponent, or hundreds of digits.
+_HUGE_NUMBER = re.compile(rb"[eE][+]?\d{3}|\d{300}")
 _BRACKETS = bytes(range(256)).translate(None, b"[]{}")  # every byte but brackets, to delete
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 # Escaped backslashes and surrogate escapes, scanned left to right: a pair of backslashes is consumed as one token,
@@ -48,10 +53,10 @@ def json_problem(body: bytes, max_depth: int) -> str | None:
             return f"the body is not UTF-8 text (byte {error.start}: {error.reason})"
     if (b"\\ud" in body or b"\\uD" in body) and _has_lone_surrogate(body):
         return "the body holds a lone UTF-16 surrogate escape (such as \\ud800), which is not Unicode text"
-    if len(body) > max_depth and body.count(b"[") + body.count(b"{") > max_depth and _depth(body) > max_depth:
+    if len(body) > max_depth and body.count(b"[") + body.count(b"{") > max_depth and _deeper_than(body, max_depth):
         return f"the body's JSON is nested more than {max_depth} levels deep"
-    if (b"NaN" in body or b"Infinity" in body) and _has_constant(body):
-        return "the body holds NaN or Infinity, which are not JSON values"
+    if (b"NaN" in body or b"Infinity" in body or _HUGE_NUMBER.search(body)) and _has_non_finite(body):
+        return "the body holds NaN or Infinity (or a number too large for a float), which JSON cannot carry"
     return None
 
 
@@ -63,11 +68,19 @@ def _raise_constant(name: str) -> None:
     raise _Constant(name)
 
 
-def _has_constant(body: bytes) -> bool:
-    """Whether the parser meets NaN or Infinity as a value (not inside a string). Only a body that holds those
-    words is parsed here; one that does not parse is the app's parser's to answer."""
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e999 parses as inf, which no JSON encoder writes back
+        raise _Constant(text)
+    return value
+
+
+def _has_non_finite(body: bytes) -> bool:
+    """Whether the parser meets NaN, Infinity or a number that overflows to infinity, as a value (not inside a
+    string). Only a body that may hold one is parsed here; one that does not parse is the app's parser's to
+    answer."""
     try:
-        json.loads(body, parse_constant=_raise_constant)
+        json.loads(body, parse_constant=_raise_constant, parse_float=_finite_float)
     except _Constant:
         return True
     except (ValueError, RecursionError):
@@ -91,10 +104,11 @@ def _has_lone_surrogate(body: bytes) -> bool:
     return high_ends_at >= 0
 
 
-def _depth(body: bytes) -> int:
-    """The deepest nesting of brackets outside strings, at C speed: strings removed, then everything but brackets."""
+def _deeper_than(body: bytes, max_depth: int) -> bool:
+    """Whether brackets outside strings nest deeper than ``max_depth``: strings removed and everything but brackets
+    deleted at C speed, then the running depth, stopping at the first level past the limit."""
     brackets = _STRING.sub(b"", body).translate(None, _BRACKETS)
-    return max(accumulate(_STEP[byte] for byte in brackets), default=0)
+    return any(depth > max_depth for depth in accumulate(_STEP[byte] for byte in brackets))
 
 
 class RequestGuardMiddleware:
@@ -180,7 +194,5 @@ def _replay(first: Message, receive: Receive) -> Receive:
 async def _refuse(send: Send, status: int, detail: str) -> None:
     body = json.dumps({"detail": detail}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status == 413:
-        headers.append((b"connection", b"close"))  # the rest of the body is not read; the connection cannot be reused
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

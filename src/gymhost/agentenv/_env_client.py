@@ -189,7 +189,9 @@ class EnvClient:
         if not isinstance(body, dict):
             raise MalformedReplyError(f"{self.base_url}: {method} answered JSON that is not a JSON-RPC object")
         if "error" in body:
-            error = body["error"] or {}
+            error = body["error"]
+            if not isinstance(error, dict):
+                raise MalformedReplyError(f"{self.base_url}: {method} answered an error that is not a JSON-RPC error")
             detail = error.get("data") or {}
             code = detail.get("code") if isinstance(detail, dict) else None
             raise DataPlaneError(

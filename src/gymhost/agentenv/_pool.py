@@ -76,6 +76,7 @@ class Instance:
     hosted: _Hosted | None = None
     leased: bool = False
     healthy: bool = True
+    queued: bool = False  # in the pool's free queue, ready for the next lease
     episodes: int = 0
 
     @property
@@ -83,7 +84,8 @@ class Instance:
         return self.client.base_url
 
     def status(self) -> dict[str, Any]:
-        state = "leased" if self.leased else ("free" if self.healthy else "repairing")
+        # "resetting": released, its reset still running, not yet free
+        state = "leased" if self.leased else "repairing" if not self.healthy else "free" if self.queued else "resetting"
         pid = self.process.pid if self.process is not None else None
         return {"index": self.index, "url": self.base_url, "state": state, "episodes": self.episodes, "pid": pid}
 
@@ -339,7 +341,7 @@ class Pool:
                 f"(names {sorted(names)}, tool sets {sorted(tools)})"
             )
         for instance in self.instances:
-            self._free.put_nowait(instance)
+            self._make_free(instance)
         logger.info(
             "%s: %d instance(s) up; a seed waits at most %gs for a free one (lease_timeout_s)",
             self.launcher.description,
@@ -364,6 +366,7 @@ class Pool:
             ) from None
         finally:
             self.waiting -= 1
+        instance.queued = False
         instance.leased = True
         instance.episodes += 1
         return instance
@@ -397,14 +400,19 @@ class Pool:
         try:
             # Also while the pool stops: an instance at a URL outlives this server, and must not keep the episode.
             await instance.client.reset()
-        except BaseException as error:
+        except Exception as error:  # whatever an instance answers, it goes to repair and the caller goes on
             self._send_to_repair(instance)
-            if not isinstance(error, EnvUnavailableError | DataPlaneError):
-                raise
-            logger.warning("environment instance %s did not reset after its episode: %s", instance.index, error)
+            logger.warning("environment instance %s did not reset after its episode: %r", instance.index, error)
+        except BaseException:  # cancelled: the instance is not lost, and the cancellation goes on
+            self._send_to_repair(instance)
+            raise
         else:
             if not self._stopping:
-                self._free.put_nowait(instance)
+                self._make_free(instance)
+
+    def _make_free(self, instance: Instance) -> None:
+        instance.queued = True
+        self._free.put_nowait(instance)
 
     def begin_stop(self) -> None:
         """From now on nothing is repaired or leased: the pool is going away."""
@@ -422,8 +430,9 @@ class Pool:
         states = [instance["state"] for instance in instances]
         return {
             "instances": instances,
-            "free": states.count("free"),
+            "free": self._free.qsize(),
             "leased": states.count("leased"),
+            "resetting": states.count("resetting"),
             "repairing": states.count("repairing"),
             "waiting_seeds": self.waiting,
             "lease_timeouts": self.lease_timeouts,
@@ -479,5 +488,5 @@ class Pool:
             broken.healthy = True
             self.replaced += 1
             logger.info("environment instance %s is back", broken.index)
-            self._free.put_nowait(broken)
+            self._make_free(broken)
             return

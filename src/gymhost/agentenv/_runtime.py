@@ -58,6 +58,7 @@ PEER_DROP = "transport_peer_drop"
 TIMEOUT = "transport_timeout"
 SESSION_LOST = "session_lost"
 SESSION_EXPIRED = "session_expired"
+CANCELLED = "cancelled"
 VERIFIER_ERROR = "verifier_error"
 SHUTDOWN = "shutdown"
 DATA_PLANE_ERROR = "agentenv:data_plane_error"
@@ -213,6 +214,7 @@ class Runtime:
             "instances": pool["instances"],
             "free": pool["free"],
             "leased": pool["leased"],
+            "resetting": pool["resetting"],
             "repairing": pool["repairing"],
             "waiting_seeds": pool["waiting_seeds"],
             "open_episodes": len(self._episodes),
@@ -296,6 +298,7 @@ class Runtime:
         episode = self._episodes.get(key)
         if episode is None:
             return self._verdict_after_the_fact(key)
+        episode.last_used = time.monotonic()  # the sweeper must not take it while this verify waits to run
         return await self._shielded(self._verify(episode, final_text))
 
     async def close(self, key: str) -> None:
@@ -332,7 +335,8 @@ class Runtime:
             else:
                 self.counters["seeded"] += 1
             if episode.key in self._closed and episode.failure is None:  # closed while seeding: close tears it down
-                episode.failure = Failure(SESSION_LOST, "the session was closed while its episode was being seeded")
+                # The instance is fine: "cancelled" is not a kind that sends it to repair.
+                episode.failure = Failure(CANCELLED, "the session was closed while its episode was being seeded")
             episode.last_used = time.monotonic()
         return episode
 
@@ -385,6 +389,8 @@ class Runtime:
         raise EpisodeStateError(f"{self._why_no_episode(key)}; there is nothing to verify")
 
     def _why_no_episode(self, key: str) -> str:
+        if key in self._verdicts:
+            return "this session's episode expired (no call for idle_timeout_s); /verify answers its masked verdict"
         if key in self._answered:
             return "this session's episode was already verified and has ended"
         if key in self._closed:
@@ -444,12 +450,27 @@ class Runtime:
             for memory in (self._closed, self._verdicts, self._answered):
                 memory.forget_before(now)
             cutoff = now - self.settings.idle_timeout
-            for episode in list(self._episodes.values()):
-                if episode.last_used < cutoff and not episode.calls and not episode.lock.locked():
-                    failure = Failure(SESSION_EXPIRED, f"no call for {self.settings.idle_timeout:g}s (idle_timeout_s)")
-                    self._verdicts.put(episode.key, Verdict.masked(episode.task.id, failure))
-                    self.counters["expired"] += 1
-                    await self._shielded(self._end(episode, failure))
+            idle = [episode for episode in self._episodes.values() if self._idle(episode, cutoff)]
+            # Together, so one instance slow to reset does not hold up the others; an error ends one expiry only.
+            for outcome in await asyncio.gather(
+                *(self._shielded(self._expire(episode, cutoff)) for episode in idle), return_exceptions=True
+            ):
+                if isinstance(outcome, Exception):
+                    logger.error("ending an idle episode failed: %r", outcome, exc_info=outcome)
+
+    @staticmethod
+    def _idle(episode: Episode, cutoff: float) -> bool:
+        return episode.last_used < cutoff and not episode.calls and not episode.lock.locked()
+
+    async def _expire(self, episode: Episode, cutoff: float) -> None:
+        """Decided again under the episode's lock: a verify or close that got there first wins."""
+        async with episode.lock:
+            if self._episodes.get(episode.key) is not episode or episode.last_used >= cutoff or episode.calls:
+                return
+            failure = Failure(SESSION_EXPIRED, f"no call for {self.settings.idle_timeout:g}s (idle_timeout_s)")
+            self._verdicts.put(episode.key, Verdict.masked(episode.task.id, failure))
+            self.counters["expired"] += 1
+            await self._teardown(episode, failure)
 
 
 class _Memory[V]:

@@ -210,7 +210,8 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
                     mode="json", include=set(_ANSWER_FIELDS)
                 )
             return JSONResponse(detail, status_code=409)
-        return JSONResponse(_verify_response(body, verdict).model_dump(mode="json"))
+        # pydantic writes what JSON cannot carry (an infinite float the row brought) as null; json.dumps would raise.
+        return Response(_verify_response(body, verdict).model_dump_json(), media_type="application/json")
 
     async def close_resources_session(self, request: Request, body: CloseBody) -> Response:
         if _RESOURCES_FLOW and isinstance(body, gym.ResourcesCloseSessionRequest):
