@@ -12,10 +12,10 @@ builds in the process, ``create_app`` inside a gateway of their own included.
 from __future__ import annotations
 
 import hmac
-import json
 import os
 from collections.abc import Collection
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ._exceptions import ServeError
@@ -58,19 +58,10 @@ class BearerTokenMiddleware:
             await send({"type": "websocket.close", "code": 1008})
             return
         reason = "a wrong bearer token" if given else "no bearer token"
-        body = json.dumps({"detail": f"this server needs Authorization: Bearer <token>; the request had {reason}"})
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 401,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"www-authenticate", b"Bearer"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
+        detail = f"this server needs Authorization: Bearer <token>; the request had {reason}"
+        await JSONResponse({"detail": detail}, status_code=401, headers={"WWW-Authenticate": "Bearer"})(
+            scope, receive, send
         )
-        await send({"type": "http.response.body", "body": body.encode()})
 
     def _is_open(self, scope: Scope) -> bool:
         if scope.get("method") not in ("GET", "HEAD"):

@@ -24,6 +24,7 @@ import math
 import re
 from itertools import accumulate
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_DEPTH", "RequestGuardMiddleware", "json_problem"]
@@ -135,7 +136,7 @@ class RequestGuardMiddleware:
                 kind = value.lower()
                 is_json = b"json" in kind or kind.startswith(b"text/")
         if length is not None and length > self.max_body_bytes:
-            await _refuse(send, 413, self._too_large())
+            await _refuse(scope, receive, send, 413, self._too_large())
             return
         if length == 0 or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
             await self.app(scope, receive, send)
@@ -159,17 +160,17 @@ class RequestGuardMiddleware:
                 chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > self.max_body_bytes:
-                    await _refuse(send, 413, self._too_large())
+                    await _refuse(scope, receive, send, 413, self._too_large())
                     return
                 chunks.append(chunk)
             body = b"".join(chunks)
             message = {"type": "http.request", "body": body, "more_body": False}
         elif len(body) > self.max_body_bytes:
-            await _refuse(send, 413, self._too_large())
+            await _refuse(scope, receive, send, 413, self._too_large())
             return
         problem = json_problem(body, self.max_json_depth) if is_json and body else None
         if problem is not None:
-            await _refuse(send, 400, problem)
+            await _refuse(scope, receive, send, 400, problem)
             return
         await self.app(scope, _replay(message, receive), send)
 
@@ -191,8 +192,5 @@ def _replay(first: Message, receive: Receive) -> Receive:
     return replayed
 
 
-async def _refuse(send: Send, status: int, detail: str) -> None:
-    body = json.dumps({"detail": detail}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:
+    await JSONResponse({"detail": detail}, status_code=status)(scope, receive, send)
