@@ -115,3 +115,16 @@ async def served(folder: Path, **overrides: Any) -> AsyncIterator[httpx.ASGITran
     app = create_app(folder, **overrides)
     async with app.router.lifespan_context(app):
         yield httpx.ASGITransport(app=app)
+
+
+async def pool_status(base: str, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
+    """``GET /agentenv/pool`` of a written server, in-process (``transport``) or at ``base``."""
+    async with httpx.AsyncClient(base_url=base, transport=transport) as client:
+        answer: dict[str, Any] = (await client.get("/agentenv/pool")).json()
+        return answer
+
+
+def pool_status_of(url: str) -> dict[str, Any]:
+    """``pool_status`` of a server process, for synchronous tests and polling."""
+    answer: dict[str, Any] = httpx.get(f"{url}/agentenv/pool", timeout=10).json()
+    return answer

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import time
 from collections.abc import Callable
@@ -316,11 +315,6 @@ def problems(outcomes: list[Outcome]) -> list[str]:
 # -- watching the server ------------------------------------------------------------------------------------------
 
 
-def pool(base: str) -> dict[str, Any]:
-    answer: dict[str, Any] = httpx.get(f"{base}/agentenv/pool", timeout=10).json()
-    return answer
-
-
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.1) -> Any:
     """Poll ``check`` until it answers something true; fail naming ``what`` and its last answer otherwise."""
     deadline = time.monotonic() + timeout
@@ -343,30 +337,6 @@ async def await_for(what: str, check: Callable[[], Any], timeout: float = 20.0, 
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout:g}s (last: {answer!r})")
         await asyncio.sleep(interval)
-
-
-def alive(pid: int) -> bool:
-    """Running: not gone, and not a zombie waiting for its parent to reap it."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def children(pid: int) -> list[int]:
-    """Every process whose parent is ``pid``, zombies included (an unreaped child is a leak too)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(entry))
-    return sorted(found)
 
 
 def rss_mb(pid: int) -> float:

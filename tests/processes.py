@@ -140,3 +140,27 @@ def uvicorn_in_a_thread(app: object) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def alive(pid: int) -> bool:
+    """Running: not gone, and not a zombie waiting for its parent to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def children(pid: int) -> list[int]:
+    """Every process whose parent is ``pid``, zombies included (an unreaped child is a leak too)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return sorted(found)

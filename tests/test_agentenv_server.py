@@ -18,8 +18,8 @@ import pytest
 from gymhost import EpisodeClient, create_app
 from gymhost.agentenv import Task, awrite_folder, load_tasks, write_folder
 
-from .agentenv_helpers import GRIDSIM, environment_process, rows, served
-from .processes import assert_stopped_cleanly, gymhost_command, run_to_completion, serving
+from .agentenv_helpers import GRIDSIM, environment_process, pool_status, rows, served
+from .processes import alive, assert_stopped_cleanly, gymhost_command, run_to_completion, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -70,12 +70,6 @@ async def play(
         return await episode.verify(row, solution.final_text if right else "")
 
 
-async def pool(base: str, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=base, transport=transport) as client:
-        answer: dict[str, Any] = (await client.get("/agentenv/pool")).json()
-        return answer
-
-
 async def instance_state(base: str, index: int, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
     """An instance's data/get, read through the server (in-process instances have no address of their own)."""
     async with httpx.AsyncClient(base_url=base, transport=transport) as client:
@@ -91,7 +85,7 @@ async def test_end_to_end_from_inside_the_written_folder(folder: Path) -> None:
             assert (answer["reward"], answer["mask_sample"], answer["failure_kind"]) == (1.0, False, None)
             assert answer["task_id"] == task_id
             assert all(criterion["score"] == 1.0 for criterion in answer["criteria"])
-        status = await pool(server.url)
+        status = await pool_status(server.url)
         assert status["open_episodes"] == 0
         assert [instance["state"] for instance in status["instances"]] == ["free"] * 4
         assert sum(instance["episodes"] for instance in status["instances"]) == 3
@@ -144,7 +138,7 @@ async def test_killing_the_leased_instance_masks_the_episode_and_the_pool_recove
         episode = EpisodeClient(BASE, transport=transport)
         await episode.seed(row)
         await episode.call_tool("gridsim_move", {"direction": "up"})
-        (instance,) = (await pool(BASE, transport))["instances"]
+        (instance,) = (await pool_status(BASE, transport))["instances"]
         os.kill(instance["pid"], signal.SIGKILL)
         output = await episode.call_tool("gridsim_move", {"direction": "up"})
         assert output.status_code == 503
@@ -157,7 +151,7 @@ async def test_killing_the_leased_instance_masks_the_episode_and_the_pool_recove
         # The next episode waits for the repaired instance and plays normally on it.
         answer = await play(BASE, row, transport=transport)
         assert (answer["reward"], answer["mask_sample"]) == (1.0, False)
-        (repaired,) = (await pool(BASE, transport))["instances"]
+        (repaired,) = (await pool_status(BASE, transport))["instances"]
         assert repaired["pid"] != instance["pid"]
         assert repaired["state"] == "free"
 
@@ -193,7 +187,7 @@ async def test_seed_is_idempotent_and_refuses_conflicts(folder: Path) -> None:
         assert "already seeded with task 'corridor-east'" in other.json()["detail"]
         unknown = await EpisodeClient(BASE, transport=transport).post("/seed_session", {**row, "task_id": "nope"})
         assert (unknown.status_code, unknown.json()["detail"]) == (404, "no task 'nope' in split 'eval'")
-        assert (await pool(BASE, transport))["open_episodes"] == 1
+        assert (await pool_status(BASE, transport))["open_episodes"] == 1
 
 
 async def test_close_session_tears_the_episode_down(folder: Path) -> None:
@@ -203,7 +197,7 @@ async def test_close_session_tears_the_episode_down(folder: Path) -> None:
         await episode.seed(row)
         await episode.call_tool("gridsim_move", {"direction": "right"})
         assert (await episode.post("/close_session", {})).status_code == 200
-        status = await pool(BASE, transport)
+        status = await pool_status(BASE, transport)
         assert (status["open_episodes"], status["instances"][0]["state"]) == (0, "free")
         assert await instance_state(BASE, 0, transport) == {"loaded": False}
         late = await episode.post("/verify", {**row, "response": episode.transcript.response("")})
@@ -220,7 +214,7 @@ async def test_seeds_wait_for_a_lease_visibly_then_answer_503_naming_the_limit(f
         await holder.seed(row)
         seeding = [asyncio.create_task(waiter.post("/seed_session", row)) for waiter in waiters]
         await asyncio.sleep(0.5)
-        status = await pool(BASE, transport)
+        status = await pool_status(BASE, transport)
         assert (status["waiting_seeds"], status["leased"], status["free"]) == (2, 1, 0)
         assert status["limits"]["instances"] == 1
         assert status["limits"]["lease_timeout_s"] == 1
@@ -232,7 +226,7 @@ async def test_seeds_wait_for_a_lease_visibly_then_answer_503_naming_the_limit(f
             answer = await waiter.verify(row)
             assert (answer["mask_sample"], answer["failure_kind"]) == (True, "provider_unavailable")
         assert (await holder.verify(row))["mask_sample"] is False
-        status = await pool(BASE, transport)
+        status = await pool_status(BASE, transport)
         assert status["waiting_seeds"] == 0
         assert status["counters"]["lease_timeouts"] == 2
         assert (status["counters"]["seeded"], status["counters"]["seed_failed"]) == (1, 2)
@@ -247,9 +241,9 @@ async def test_closed_sessions_and_verdicts_are_forgotten_after_remember_s(folde
         assert (await closed.post("/seed_session", row)).status_code == 409  # a closed session stays closed
         await verified.seed(row)
         await verified.verify(row)
-        assert (await pool(BASE, transport))["remembered"] == {"verdicts": 1, "closed": 1}
+        assert (await pool_status(BASE, transport))["remembered"] == {"verdicts": 1, "closed": 1}
         deadline = time.monotonic() + 10
-        while (await pool(BASE, transport))["remembered"] != {"verdicts": 0, "closed": 0}:
+        while (await pool_status(BASE, transport))["remembered"] != {"verdicts": 0, "closed": 0}:
             assert time.monotonic() < deadline, "remembered sessions were never forgotten"
             await asyncio.sleep(0.2)
         late = await verified.post("/verify", {**row, "response": verified.transcript.response("")})
@@ -263,7 +257,7 @@ async def test_idle_episodes_expire_and_free_their_instance(folder: Path) -> Non
         episode = EpisodeClient(BASE, transport=transport)
         await episode.seed(row)
         deadline = time.monotonic() + 10
-        while (await pool(BASE, transport))["open_episodes"] and time.monotonic() < deadline:
+        while (await pool_status(BASE, transport))["open_episodes"] and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         answer = await episode.verify(row)
         assert (answer["mask_sample"], answer["failure_kind"]) == (True, "session_expired")
@@ -286,7 +280,9 @@ async def test_a_second_verify_is_refused_and_repeats_the_first_verdict(folder: 
         assert second.status_code == 409
         assert second.json()["detail"] == "this episode was already verified; its verdict is repeated here"
         assert second.json()["verdict"]["reward"] == 1.0
-        counters = (await pool(BASE, transport))["counters"]
+        shared = set(second.json()["verdict"]) & set(first)
+        assert {key: second.json()["verdict"][key] for key in shared} == {key: first[key] for key in shared}
+        counters = (await pool_status(BASE, transport))["counters"]
         assert (counters["verified"], counters["masked"]) == (1, 0)
 
 
@@ -331,7 +327,7 @@ async def test_the_url_source_against_separately_started_environments(tmp_path: 
     with environment_process() as first, environment_process() as second:
         written = (await awrite_folder(first.url, tmp_path, tasks_file=tasks, urls=[second.url])).path
         async with served(written) as transport:
-            status = await pool(BASE, transport)
+            status = await pool_status(BASE, transport)
             assert [(i["url"], i["pid"]) for i in status["instances"]] == [(first.url, None), (second.url, None)]
             answers = await asyncio.gather(*(play(BASE, row, transport=transport) for row in rows(written)[:4]))
             assert [answer["reward"] for answer in answers] == [1.0] * 4
@@ -351,13 +347,13 @@ def test_no_instance_outlives_the_server(process_folder: Path) -> None:
     for stop in (signal.SIGTERM, signal.SIGKILL):
         with serving(gymhost_command("serve", str(process_folder), "--port", "0")) as server:
             pids = [i["pid"] for i in httpx.get(f"{server.url}/agentenv/pool").json()["instances"]]
-            assert all(_alive(pid) for pid in pids)
+            assert all(alive(pid) for pid in pids)
             server.process.send_signal(stop)
             server.process.wait(20)
         deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(pid) for pid in pids), f"instances {pids} outlived the server ({stop.name})"
+        assert not any(alive(pid) for pid in pids), f"instances {pids} outlived the server ({stop.name})"
 
 
 def test_gymhost_check_passes_on_gridsim(folder: Path) -> None:
@@ -415,15 +411,6 @@ def await_sync(coroutine: Any) -> Any:
     return asyncio.run(coroutine)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie has exited; it only waits for its parent to reap it
-        return stat.read().split()[2] != "Z"
-
-
 async def test_a_tool_that_hangs_times_out_masked_and_its_instance_is_replaced(mode: str, tmp_path: Path) -> None:
     """The failure both modes share: an instance that stops answering. In-process instances cannot be killed on
     their own; a tool that outlives tool_timeout_s is how one breaks."""
@@ -434,7 +421,7 @@ async def test_a_tool_that_hangs_times_out_masked_and_its_instance_is_replaced(m
     async with served(written, tool_timeout_s=0.5) as transport:
         episode = EpisodeClient(BASE, transport=transport)
         await episode.seed(the_row)
-        before = (await pool(BASE, transport))["instances"][0]
+        before = (await pool_status(BASE, transport))["instances"][0]
         stalled = await episode.call_tool("stall", {"seconds": 3})
         assert stalled.status_code == 503
         assert "did not answer within 0.5s" in stalled.text
@@ -444,7 +431,7 @@ async def test_a_tool_that_hangs_times_out_masked_and_its_instance_is_replaced(m
         await episode.seed(the_row)
         await episode.call_tool("increment", {"by": 2})
         assert (await episode.verify(the_row))["reward"] == 1.0
-        after = (await pool(BASE, transport))["instances"][0]
+        after = (await pool_status(BASE, transport))["instances"][0]
         assert after["episodes"] == before["episodes"] + 1
         if mode == "process":
             assert after["pid"] != before["pid"]  # a new process replaced the one that stopped answering

@@ -11,7 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gymhost.agentenv._env_client import DataPlaneError, EnvClient, MalformedReplyError
+from gymhost.agentenv._env_client import EnvClient
+from gymhost.agentenv._exceptions import DataPlaneError, MalformedReplyError
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -23,7 +24,7 @@ def answering(reply: Any, status: int = 200) -> EnvClient:
         return JSONResponse(reply, status_code=status)
 
     app = Starlette(routes=[Route("/agentenv", agentenv, methods=["POST"])])
-    return EnvClient("http://instance.test", transport=httpx.ASGITransport(app=app))
+    return EnvClient("http://instance.test", transport=httpx.ASGITransport(app=app), data_timeout=30.0)
 
 
 @pytest.mark.parametrize(

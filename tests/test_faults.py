@@ -22,18 +22,9 @@ import pytest
 
 from gymhost import EpisodeClient
 
-from .fault_helpers import (
-    alive,
-    await_for,
-    children,
-    is_failure_kind,
-    play_right,
-    pool,
-    the_row,
-    wait_for,
-    write_faulty,
-)
-from .processes import ServerProcess, assert_stopped_cleanly, gymhost_command, serving
+from .agentenv_helpers import pool_status_of
+from .fault_helpers import await_for, is_failure_kind, play_right, the_row, wait_for, write_faulty
+from .processes import ServerProcess, alive, assert_stopped_cleanly, children, gymhost_command, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -66,7 +57,7 @@ def the_free_instance(server: ServerProcess) -> dict[str, Any]:
     """The pool's one instance, once it is free (a replacement takes about a second to start)."""
 
     def free() -> dict[str, Any] | None:
-        status = pool(server.url)
+        status = pool_status_of(server.url)
         return status["instances"][0] if status["free"] == 1 else None
 
     instance: dict[str, Any] = wait_for("the pool's one instance is free", free)
@@ -138,7 +129,7 @@ async def test_a_broken_instance_costs_one_masked_episode_then_is_replaced(
     replacement."""
     inject, expected_kind = FAULTS[fault]
     before = the_free_instance(server)
-    counters = pool(server.url)["counters"]
+    counters = pool_status_of(server.url)["counters"]
     async with EpisodeClient(server.url) as episode:
         await episode.seed(row)
         assert (await episode.call_tool("add", {"n": 1})).ok  # the instance works until the fault
@@ -154,7 +145,7 @@ async def test_a_broken_instance_costs_one_masked_episode_then_is_replaced(
     assert children(server.process.pid) == [after["pid"]]
     replayed = await play_right(server.url, row)
     assert (replayed["reward"], replayed["mask_sample"]) == (1.0, False), replayed
-    now = pool(server.url)["counters"]
+    now = pool_status_of(server.url)["counters"]
     assert now["masked"] - counters["masked"] == 1
     assert now["instances_replaced"] - counters["instances_replaced"] == 1
     assert answer["failure_kind"] == expected_kind, answer["failure_reason"]
@@ -162,7 +153,7 @@ async def test_a_broken_instance_costs_one_masked_episode_then_is_replaced(
 
 def test_the_time_limits_are_the_ones_configured(server: ServerProcess) -> None:
     """The limits the hang tests rely on are the server's own, as `--set` gave them, and shown on the pool."""
-    limits = pool(server.url)["limits"]
+    limits = pool_status_of(server.url)["limits"]
     assert (limits["tool_timeout_s"], limits["data_timeout_s"], limits["instances"]) == (TIME_LIMIT_S, TIME_LIMIT_S, 1)
 
 
@@ -185,7 +176,7 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
     idle server.)"""
     command = gymhost_command("serve", str(folder), "--port", "0", "--set", "source.instances=3")
     with serving(command) as server:
-        instances = {instance["pid"] for instance in pool(server.url)["instances"]}
+        instances = {instance["pid"] for instance in pool_status_of(server.url)["instances"]}
         async with EpisodeClient(server.url) as stuck, EpisodeClient(server.url) as crashed:
             await asyncio.gather(stuck.seed(row), crashed.seed(row))
             hanging = asyncio.create_task(stuck.call_tool("hang"))
@@ -198,7 +189,9 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
                 return alive_children if set(alive_children) - instances else []
 
             started = await await_for("the replacement's process is started", replacement_starting, interval=0.01)
-            assert pool(server.url)["repairing"] == 1, "the replacement was up before the kill: too slow a test"
+            assert pool_status_of(server.url)["repairing"] == 1, (
+                "the replacement was up before the kill: too slow a test"
+            )
             assert len(started) == 3, started  # the hanging instance, the idle one, the replacement
             server.process.send_signal(signal.SIGKILL)
             server.process.wait(10)
@@ -209,7 +202,7 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
 
 def any_instance_hanging(base: str) -> bool:
     """Whether an instance's data/get (read through the server) says one of its tool calls is hanging."""
-    for index in range(len(pool(base)["instances"])):
+    for index in range(len(pool_status_of(base)["instances"])):
         data = httpx.get(f"{base}/agentenv/pool/{index}", timeout=10).json()["data"]
         if data and data.get("hanging"):
             return True

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from starlette.routing import Mount
 
-from gymhost import GatewayError, create_app, create_gateway, mounted_lifespan
+from gymhost import GatewayError, create_app, create_gateway, load_app, mounted_lifespan
 from gymhost.agentenv import Task, load_tasks, write_folder
 
 from .agentenv_helpers import GRIDSIM, rows
@@ -105,6 +105,20 @@ async def test_a_gateway_of_your_own_mounts_servers_and_plays_them_concurrently(
         paths = {cookie.name: cookie.path for cookie in client.cookies.jar}
         assert paths[COUNTER_COOKIE] == "/counter"
         assert paths["GridsimAResourcesServer___gridsim_a_resources_server"] == "/grid_a"
+
+
+def test_load_app_gives_a_gateway_for_a_root_and_an_app_for_a_folder(root: Path) -> None:
+    """The one loader behind `gymhost serve PATH` and `GYMHOST_FOLDER=PATH uvicorn asgi:app`."""
+    gateway = load_app(root)
+    assert sorted(route.path for route in gateway.router.routes if isinstance(route, Mount)) == [
+        f"/{COUNTER}",
+        "/gridsim_a",
+        "/gridsim_b",
+    ]
+    single = load_app(root / "resources_servers" / "gridsim_a", address=("127.0.0.1", 8123))
+    assert single.state.gymhost.server.config.port == 8123
+    with pytest.raises(GatewayError, match="apply to one server's folder"):
+        load_app(root, idle_timeout_s=5)
 
 
 async def test_create_gateway_on_a_root_lists_servers_and_their_tools(root: Path) -> None:

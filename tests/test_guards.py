@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gymhost import EpisodeClient, create_app, create_gateway
+from gymhost import NO_TOKEN, EpisodeClient, create_app, create_gateway
 
 from .gym_plays import example_rows
 from .processes import gymhost_command, run_to_completion, serving
@@ -48,7 +48,7 @@ async def test_gymhost_token_in_the_environment_protects_apps_built_without_one(
     app = create_app(gym_root / EXAMPLE)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=BASE) as client:
         assert (await client.post("/seed_session", json={})).status_code == 401
-    opted_out = create_app(gym_root / EXAMPLE, token="")
+    opted_out = create_app(gym_root / EXAMPLE, token=NO_TOKEN)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=opted_out), base_url=BASE) as client:
         assert (await client.get("/openapi.json")).status_code == 200
 

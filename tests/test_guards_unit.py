@@ -13,8 +13,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
-from gymhost._auth import BearerTokenMiddleware, resolve_token
-from gymhost._request_guard import RequestGuardMiddleware, json_problem
+from gymhost import NO_TOKEN, ServeError
+from gymhost.middleware.auth import BearerTokenMiddleware, resolve_token
+from gymhost.middleware.request_guard import RequestGuardMiddleware, json_problem
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -160,7 +161,12 @@ def test_the_token_comes_from_the_environment_unless_given(monkeypatch: pytest.M
     monkeypatch.delenv("GYMHOST_TOKEN", raising=False)
     assert resolve_token(None) is None
     monkeypatch.setenv("GYMHOST_TOKEN", "from-env")
-    assert (resolve_token(None), resolve_token("given"), resolve_token("")) == ("from-env", "given", None)
+    assert (resolve_token(None), resolve_token("given"), resolve_token(NO_TOKEN)) == ("from-env", "given", None)
+
+
+def test_an_empty_token_is_refused_because_off_is_said_with_no_token() -> None:
+    with pytest.raises(ServeError, match="NO_TOKEN"):
+        resolve_token("")
 
 
 @pytest.mark.parametrize("body", [b'{"t": 1e999}', b"[1E+400]", b"[" + b"9" * 400 + b".5]"])

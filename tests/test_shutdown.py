@@ -16,17 +16,9 @@ import pytest
 from gymhost.agentenv import write_folder
 
 from .agentenv_helpers import GRIDSIM, environment_process, make_bundle, rows
-from .processes import ServerProcess, assert_stopped_cleanly, gymhost_command, serving
+from .processes import ServerProcess, alive, assert_stopped_cleanly, gymhost_command, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.usefixtures("clean_env")]
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def seeded(server: ServerProcess, row: dict[str, Any]) -> httpx.Client:

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from .fault_helpers import Outcome, await_for, awrite_faulty, children, pool, problems, rss_mb, run_many, the_row
-from .processes import ServerProcess, assert_stopped_cleanly, gymhost_command, serving
+from .agentenv_helpers import pool_status_of
+from .fault_helpers import Outcome, await_for, awrite_faulty, problems, rss_mb, run_many, the_row
+from .processes import ServerProcess, assert_stopped_cleanly, children, gymhost_command, serving
 
 pytestmark = [
     pytest.mark.nemo_gym,
@@ -60,7 +61,7 @@ async def settled(server: ServerProcess, instances: int) -> dict[str, Any]:
     every verdict and closed session forgotten. Fails if that takes longer than the limits allow."""
 
     def quiet() -> dict[str, Any] | None:
-        status = pool(server.url)
+        status = pool_status_of(server.url)
         done = (status["open_episodes"], status["free"], status["remembered"]) == (
             0,
             instances,

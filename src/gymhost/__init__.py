@@ -6,9 +6,11 @@ The public API is assembled here; every other module is an implementation detail
 from __future__ import annotations
 
 from ._app import HostedServer, create_app
+from ._config import NO_TOKEN
 from ._episode import EpisodeClient, ToolOutput, Transcript
 from ._exceptions import (
     FolderError,
+    GatewayError,
     GymhostError,
     NemoGymNotInstalledError,
     ServeError,
@@ -16,11 +18,12 @@ from ._exceptions import (
     UnmappedServerError,
     UpstreamUnavailableError,
 )
-from ._gateway import GatewayError, create_gateway, mounted_lifespan
-
-__version__ = "0.1.0"
+from ._gateway import create_gateway, mounted_lifespan
+from ._loading import load_app
+from ._version import __version__
 
 __all__ = [
+    "NO_TOKEN",
     "EpisodeClient",
     "FolderError",
     "GatewayError",
@@ -36,5 +39,6 @@ __all__ = [
     "__version__",
     "create_app",
     "create_gateway",
+    "load_app",
     "mounted_lifespan",
 ]

@@ -14,21 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._auth import LIVENESS_PATHS, BearerTokenMiddleware, resolve_token
+from ._config import DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, NoToken
 from ._exceptions import FolderError
 from ._folder import ServerSpec, load_server_spec
 from ._logging import fastmcp_leaves_logging_alone
 from ._nemo_gym import require_nemo_gym
-from ._request_guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, RequestGuardMiddleware
+from .middleware.auth import resolve_token
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["DEFAULT_HOST", "GYM_ROUTE_NAMES", "HostedServer", "create_app"]
+__all__ = ["GYM_ROUTE_NAMES", "HostedServer", "create_app"]
 
 logger = logging.getLogger("gymhost")
-
-DEFAULT_HOST = "127.0.0.1"
 
 # Paths a Gym resources server serves itself (nemo-gym 0.4.0 and 0.7.0, liveness and docs included); every other
 # single-segment POST route of a resources server is a tool.
@@ -69,7 +67,7 @@ def create_app(
     *,
     server_urls: Mapping[str, str] | None = None,
     config_key: str | None = None,
-    token: str | None = None,
+    token: str | NoToken | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
     **overrides: Any,
@@ -83,21 +81,17 @@ def create_app(
     hold several resources servers.
 
     ``token``: every request but liveness probes must carry ``Authorization: Bearer <token>``; None reads
-    ``GYMHOST_TOKEN`` (unset: no check), ``""`` turns the check off. Bodies above ``max_body_bytes`` answer 413;
-    JSON nested deeper than ``max_json_depth``, or holding a lone surrogate escape, answers 400.
+    ``GYMHOST_TOKEN`` (unset: no check), ``NO_TOKEN`` turns the check off. Bodies above ``max_body_bytes`` answer
+    413; JSON nested deeper than ``max_json_depth``, or holding a lone surrogate escape, answers 400. The
+    middleware stack this builds is ``gymhost.middleware.stack.middleware_stack``'s.
     """
     version = require_nemo_gym()
+    required = resolve_token(token)
     from ._entrypoint import find_server_class, import_entrypoint
-    from ._gym_middleware import (
-        install_disconnect_cancellation,
-        install_exception_middleware,
-        install_sessions,
-        mount_safe_rollout_paths,
-        secret_mcp_tokens,
-        signing_mcp_tokens_with_secret,
-    )
+    from ._mcp_tokens import secret_mcp_tokens, signing_mcp_tokens_with_secret
     from ._server_client import build_server_client, own_aiohttp_client, referenced_servers, seed_global_config
     from ._validation_errors import install_validation_errors
+    from .middleware.stack import install_middleware
 
     name = overrides.pop("name", None)
     spec = load_server_spec(folder, config_key=config_key, overrides=overrides)
@@ -124,16 +118,14 @@ def create_app(
     server.setup_exception_middleware(app)
     if hasattr(server, "setup_cancellation_middleware"):  # 0.5+: outermost, as run_webserver installs it
         server.setup_cancellation_middleware(app)
-    install_sessions(app, cookie_name=server.get_session_middleware_key())
-    install_exception_middleware(app, server_key=server.get_session_middleware_key())
-    install_disconnect_cancellation(app)
-    mount_safe_rollout_paths(app)
+    install_middleware(
+        app,
+        server_key=server.get_session_middleware_key(),
+        token=required,
+        max_body_bytes=max_body_bytes,
+        max_json_depth=max_json_depth,
+    )
     install_validation_errors(app)
-    # Outermost, in this order: a request without the token is refused before its body is read.
-    app.add_middleware(RequestGuardMiddleware, max_body_bytes=max_body_bytes, max_json_depth=max_json_depth)
-    required = resolve_token(token)
-    if required is not None:
-        app.add_middleware(BearerTokenMiddleware, token=required, open_paths=LIVENESS_PATHS)
     own_aiohttp_client(app, global_config)
     app.state.gymhost = HostedServer(spec=spec, server=server, nemo_gym_version=version)
 

@@ -1,4 +1,4 @@
-"""The errors gymhost raises.
+"""The errors gymhost raises, all of them but the agent-environment ones (``gymhost.agentenv._exceptions``).
 
 Layered like httpx's: catch ``GymhostError`` for anything gymhost refused, or a narrower class to act on one
 kind of problem. Every message names the path or name involved and what was expected there, so the command
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "FolderError",
+    "GatewayError",
     "GymhostError",
     "NemoGymNotInstalledError",
     "ServeError",
@@ -39,6 +40,10 @@ class ServerClassError(FolderError):
     """The entrypoint does not name exactly one resources-server class."""
 
 
+class GatewayError(GymhostError):
+    """The servers cannot be mounted together: a bad prefix, or folders that cannot share a process."""
+
+
 class UnmappedServerError(GymhostError, LookupError):
     """A resources server called another Gym server that nobody told gymhost where to find.
 
@@ -52,4 +57,4 @@ class UpstreamUnavailableError(GymhostError, ConnectionError):
 
 
 class ServeError(GymhostError):
-    """A server could not start: the address is taken, or the host cannot be bound."""
+    """A server could not start: the address is taken, the host cannot be bound, or a setting is unusable."""

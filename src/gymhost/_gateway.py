@@ -19,15 +19,12 @@ from typing import Any
 from starlette.routing import Mount
 
 from ._app import GYM_ROUTE_NAMES, create_app
-from ._auth import LIVENESS_PATHS, BearerTokenMiddleware, resolve_token
-from ._exceptions import FolderError, GymhostError
-from ._request_guard import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH
+from ._config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, NO_TOKEN, NoToken
+from ._exceptions import FolderError, GatewayError
+from ._lifespan_runner import has_lifespan, running_lifespan
+from .middleware.auth import LIVENESS_PATHS, BearerTokenMiddleware, resolve_token
 
-__all__ = ["GatewayError", "create_gateway", "find_servers", "is_gym_root", "mounted_lifespan"]
-
-
-class GatewayError(GymhostError):
-    """The servers cannot be mounted together: a bad prefix, or folders that cannot share a process."""
+__all__ = ["create_gateway", "find_servers", "is_gym_root", "mounted_lifespan"]
 
 
 @asynccontextmanager
@@ -40,10 +37,8 @@ async def mounted_lifespan(app: Any) -> AsyncIterator[None]:
     """
     async with AsyncExitStack() as stack:
         for route in app.router.routes:
-            child = route.app if isinstance(route, Mount) else None
-            context = getattr(getattr(child, "router", None), "lifespan_context", None)
-            if context is not None:
-                await stack.enter_async_context(context(child))
+            if isinstance(route, Mount) and has_lifespan(route.app):
+                await stack.enter_async_context(running_lifespan(route.app))
         yield
 
 
@@ -69,7 +64,7 @@ def create_gateway(
     servers: Mapping[str, str | Path | Any] | str | Path,
     *,
     server_urls: Mapping[str, str] | None = None,
-    token: str | None = None,
+    token: str | NoToken | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
 ) -> Any:
@@ -102,7 +97,7 @@ def create_gateway(
             value = create_app(
                 value,
                 server_urls=server_urls,
-                token="",  # the gateway checks it, for every mount
+                token=NO_TOKEN,  # the gateway checks it, for every mount
                 max_body_bytes=max_body_bytes,
                 max_json_depth=max_json_depth,
             )

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ._exceptions import UnmappedServerError, UpstreamUnavailableError
 from ._folder import ServerSpec
+from ._lifespan import wrap_lifespan
 
 __all__ = [
     "MappedServerClient",
@@ -150,10 +151,9 @@ def own_aiohttp_client(app: Any, global_config: DictConfig) -> None:
     loop, and closing it there means the next lifespan (a test, a reload) starts clean. An app whose lifespan
     finds a client already open leaves it to its owner.
     """
-    inner = app.router.lifespan_context
 
     @asynccontextmanager
-    async def lifespan(app_: Any) -> AsyncIterator[Any]:
+    async def aiohttp_client(app_: Any) -> AsyncIterator[None]:
         owned = not server_utils.is_global_aiohttp_client_setup()
         if owned:
             cfg = server_utils.GlobalAIOHTTPAsyncClientConfig.model_validate(
@@ -161,12 +161,11 @@ def own_aiohttp_client(app: Any, global_config: DictConfig) -> None:
             )
             server_utils.set_global_aiohttp_client(cfg)
         try:
-            async with inner(app_) as state:
-                yield state
+            yield
         finally:
             client = server_utils._GLOBAL_AIOHTTP_CLIENT
             if owned and client is not None:
                 server_utils._GLOBAL_AIOHTTP_CLIENT = None
                 await client.close()
 
-    app.router.lifespan_context = lifespan
+    wrap_lifespan(app, aiohttp_client)

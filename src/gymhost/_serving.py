@@ -1,9 +1,9 @@
 """Running an ASGI app on a socket, under uvicorn or hypercorn.
 
-Configuration (``ServeConfig``) is kept apart from running, as uvicorn does. gymhost binds the listening socket
-itself and hands it to the ASGI server: that is what lets ``--port 0`` report the port it got before the app
-is built (the app is told its real address), and what turns a busy port into one clear ``ServeError`` line
-instead of each server's own traceback.
+Configuration (``ServeConfig``, in ``_config``) is kept apart from running, as uvicorn does. gymhost binds the
+listening socket itself and hands it to the ASGI server: that is what lets ``--port 0`` report the port it got
+before the app is built (the app is told its real address), and what turns a busy port into one clear
+``ServeError`` line instead of each server's own traceback.
 """
 
 from __future__ import annotations
@@ -14,32 +14,24 @@ import gc
 import ipaddress
 import os
 import socket
-import traceback
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from ._exceptions import GymhostError, ServeError
+from ._config import SERVERS, ServeConfig
+from ._exceptions import ServeError
+from ._lifespan_runner import LifespanRunner
 
-__all__ = ["SERVERS", "ServeConfig", "bind_socket", "is_loopback", "run_app", "url_of"]
-
-ServerName = Literal["uvicorn", "hypercorn"]
-SERVERS: tuple[ServerName, ...] = ("uvicorn", "hypercorn")
+__all__ = ["bind_socket", "freeze_imported_heap", "is_loopback", "run_app", "url_of"]
 
 
-@dataclass(frozen=True)
-class ServeConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    server: ServerName = "uvicorn"
-    log_level: str = "info"
-    # Off by default, as under Gym's launcher: a line per tool call costs more than the call at high load.
-    access_log: bool = False
-    # Longer than a trainer's client keep-alive, as Gym's launcher sets it, so the server never closes a
-    # connection the client is about to reuse.
-    timeout_keep_alive: int = 30
-    # On SIGTERM or SIGINT, requests in flight get this long to finish; then they are cancelled and the app's
-    # lifespan shuts down (a written agent environment ends its open episodes and stops its instances).
-    graceful_timeout: int = 30
+def freeze_imported_heap() -> None:
+    """Move everything alive now out of the garbage collector's sight, once the app is built.
+
+    What the imports created (nemo-gym imports Ray, MLflow, OpenAI and more: millions of objects) lives as long as
+    the server; frozen, the collector stops walking it on every collection, which took p99 latency from hundreds to
+    tens of ms. ``gymhost serve`` and ``asgi.py`` both call this after building their app.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -77,11 +69,8 @@ def url_of(sock: socket.socket) -> str:
 
 def run_app(app: Any, sock: socket.socket, config: ServeConfig) -> None:
     """Serve ``app`` on ``sock`` until SIGINT or SIGTERM; both servers run the app's lifespan."""
-    # What is alive now (nemo-gym imports Ray, MLflow, OpenAI and more: millions of objects) lives as long as the
-    # server; frozen, the collector stops walking it, which took p99 latency from tens to hundreds of ms.
-    gc.collect()
-    gc.freeze()
-    lifespan = _Lifespan(app)
+    freeze_imported_heap()
+    lifespan = LifespanRunner(app)
     try:
         if config.server == "uvicorn":
             _run_uvicorn(lifespan, sock, config)
@@ -95,49 +84,6 @@ def run_app(app: Any, sock: socket.socket, config: ServeConfig) -> None:
         if isinstance(error, ServeError):
             raise
         raise ServeError(f"{config.server} stopped: {error!r}; its log above says more") from error
-
-
-class _Lifespan:
-    """The app's lifespan, run for the ASGI server, with gymhost's own startup errors reported as one line.
-
-    Starlette hands the ASGI server a formatted traceback when a lifespan fails; a folder whose environment will
-    not start deserves the one-line message its ``GymhostError`` carries, like every other gymhost error. Anything
-    else keeps its traceback. Apps without a Starlette router pass through untouched.
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self.startup_error: str | None = None
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "lifespan":
-            await self.app(scope, receive, send)
-            return
-        router: Any = getattr(self.app, "router", None)
-        if not hasattr(router, "lifespan_context"):
-            await self.app(scope, receive, send)
-            return
-        await receive()  # lifespan.startup
-        context = router.lifespan_context(self.app)
-        try:
-            state = await context.__aenter__()
-        except GymhostError as error:
-            self.startup_error = str(error)
-            await send({"type": "lifespan.startup.failed", "message": ""})
-            return
-        except BaseException:
-            await send({"type": "lifespan.startup.failed", "message": traceback.format_exc()})
-            return
-        if state and "state" in scope:
-            scope["state"].update(state)
-        await send({"type": "lifespan.startup.complete"})
-        await receive()  # lifespan.shutdown
-        try:
-            await context.__aexit__(None, None, None)
-        except BaseException:
-            await send({"type": "lifespan.shutdown.failed", "message": traceback.format_exc()})
-            return
-        await send({"type": "lifespan.shutdown.complete"})
 
 
 def _run_uvicorn(app: Any, sock: socket.socket, config: ServeConfig) -> None:

@@ -1,8 +1,9 @@
 """A module-level ``app`` for ASGI servers that import apps by name.
 
-``GYMHOST_FOLDER=path/to/folder uvicorn gymhost.asgi:app`` (or ``hypercorn gymhost.asgi:app``). The
-repository's top-level ``asgi.py`` re-exports this, for ``uvicorn asgi:app`` from a checkout. A Gym root (a folder
-holding ``resources_servers/<name>/``) gives a gateway with every server at ``/<name>/``.
+``GYMHOST_FOLDER=path/to/folder uvicorn gymhost.asgi:app`` (or ``hypercorn gymhost.asgi:app``). The repository's
+top-level ``asgi.py`` re-exports this, for ``uvicorn asgi:app`` from a checkout. The folder is loaded as
+``gymhost serve`` loads it (``_loading.load_app``): a Gym root (a folder holding ``resources_servers/<name>/``)
+gives a gateway with every server at ``/<name>/``.
 
 A missing or wrong folder ends the process with one line on stderr (``SystemExit``): the ASGI server is
 importing this module, and a traceback through its importer would bury the message.
@@ -10,17 +11,17 @@ importing this module, and a traceback through its importer would bury the messa
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 
-from ._app import create_app
+from ._config import FOLDER_ENV_VAR, SECRET_ENV_VAR
 from ._exceptions import GymhostError
-from ._gateway import create_gateway, is_gym_root
+from ._loading import load_app
+from ._serving import freeze_imported_heap
 
 __all__ = ["ENV_VAR", "app"]
 
-ENV_VAR = "GYMHOST_FOLDER"
+ENV_VAR = FOLDER_ENV_VAR
 
 
 def _app_from_environment() -> object:
@@ -31,13 +32,12 @@ def _app_from_environment() -> object:
             f"e.g. {ENV_VAR}=path/to/resources_servers/my_server uvicorn asgi:app"
         )
     try:
-        return create_gateway(folder) if is_gym_root(folder) else create_app(folder)
+        return load_app(folder)
     except GymhostError as error:
         raise SystemExit(f"gymhost: {ENV_VAR}={folder}: {error}") from None
 
 
 app = _app_from_environment()
-from ._sessions import SECRET_ENV_VAR  # noqa: E402  (needs nemo-gym's itsdangerous; the app above needed nemo-gym)
 
 if not os.environ.get(SECRET_ENV_VAR):
     # Under `--workers N` (uvicorn, gunicorn) each worker would make its own random secret and refuse the others'
@@ -48,6 +48,4 @@ if not os.environ.get(SECRET_ENV_VAR):
         SECRET_ENV_VAR,
         SECRET_ENV_VAR,
     )
-# As `gymhost serve` does: what the imports created lives as long as the server, so the collector need not walk it.
-gc.collect()
-gc.freeze()
+freeze_imported_heap()

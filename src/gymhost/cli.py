@@ -12,10 +12,11 @@ from typing import Any
 
 import click
 
-from . import __version__
+from ._config import DEFAULT_MAX_BODY_BYTES, NO_TOKEN, SERVERS, TOKEN_ENV_VAR, ServeConfig
 from ._exceptions import GymhostError
-from ._request_guard import DEFAULT_MAX_BODY_BYTES
-from ._serving import SERVERS, ServeConfig, bind_socket, is_loopback, run_app, url_of
+from ._serving import bind_socket, is_loopback, run_app, url_of
+from ._version import __version__
+from .agentenv._config import SourceConfig
 
 __all__ = ["main"]
 
@@ -65,13 +66,15 @@ def main() -> None:
 @click.argument("folder", type=click.Path(file_okay=True, dir_okay=True, path_type=str))
 @click.option(
     "--host",
-    default="127.0.0.1",
+    default=ServeConfig.host,
     show_default=True,
     help="Address to listen on. Beyond loopback, set a token (GYMHOST_TOKEN or --token): without one, anyone who "
     "reaches the port can play and read episodes.",
 )
-@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
-@click.option("--server", "server_name", type=click.Choice(SERVERS), default="uvicorn", show_default=True)
+@click.option(
+    "--port", default=ServeConfig.port, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port."
+)
+@click.option("--server", "server_name", type=click.Choice(SERVERS), default=ServeConfig.server, show_default=True)
 @click.option(
     "--server-url",
     "server_urls",
@@ -83,12 +86,17 @@ def main() -> None:
 @click.option("--config-key", default=None, help="Top-level config key, when the configs hold several servers.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Override a config field. Repeatable.")
 @click.option(
-    "--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"])
+    "--log-level",
+    default=ServeConfig.log_level,
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
 )
-@click.option("--access-log/--no-access-log", default=False, show_default=True, help="A log line per request.")
+@click.option(
+    "--access-log/--no-access-log", default=ServeConfig.access_log, show_default=True, help="A log line per request."
+)
 @click.option(
     "--token",
-    envvar="GYMHOST_TOKEN",
+    envvar=TOKEN_ENV_VAR,
     default=None,
     show_envvar=True,
     help="Every request but liveness probes must send Authorization: Bearer TOKEN. Prefer the environment "
@@ -103,7 +111,7 @@ def main() -> None:
 )
 @click.option(
     "--graceful-timeout",
-    default=30,
+    default=ServeConfig.graceful_timeout,
     show_default=True,
     type=click.IntRange(0),
     help="Seconds requests in flight get to finish on SIGTERM/SIGINT before they are cancelled.",
@@ -130,8 +138,8 @@ def serve(
     """
     from starlette.routing import Mount
 
-    from ._app import create_app
-    from ._gateway import create_gateway, is_gym_root
+    from ._gateway import is_gym_root
+    from ._loading import load_app
     from ._nemo_gym import require_nemo_gym
 
     urls = _key_values("--server-url", server_urls)
@@ -143,8 +151,7 @@ def serve(
         access_log=access_log,
         graceful_timeout=graceful_timeout,
     )
-    token = token or None
-    if token is None and not is_loopback(host):
+    if not token and not is_loopback(host):
         click.secho(
             f"WARNING: serving on {host} with no token: anyone who can reach this port can seed, play and verify "
             "episodes and read the pool. Set GYMHOST_TOKEN (or --token), or serve on 127.0.0.1.",
@@ -152,7 +159,6 @@ def serve(
             bold=True,
             err=True,
         )
-    guards: dict[str, Any] = {"token": token or "", "max_body_bytes": max_body_bytes}
     gateway = is_gym_root(folder)
     if gateway and (name or config_key or settings):
         raise click.UsageError("--name, --config-key and --set apply to one server folder, not to a Gym root")
@@ -163,14 +169,20 @@ def serve(
             overrides["name"] = name
         sock = bind_socket(config.host, config.port)
         try:
-            bound_host, bound_port = sock.getsockname()[:2]
+            app = load_app(
+                folder,
+                server_urls=urls,
+                # click has read GYMHOST_TOKEN already: no token here means none was given anywhere.
+                token=token or NO_TOKEN,
+                max_body_bytes=max_body_bytes,
+                config_key=config_key,
+                address=sock.getsockname()[:2],
+                **overrides,
+            )
             if gateway:
-                app = create_gateway(folder, server_urls=urls, **guards)
                 mounts = ", ".join(route.path for route in app.router.routes if isinstance(route, Mount))
                 click.echo(f"gymhost: serving {Path(folder).resolve().name} at {url_of(sock)} (servers: {mounts})")
             else:
-                overrides.update(host=bound_host, port=bound_port)
-                app = create_app(folder, server_urls=urls, config_key=config_key, **guards, **overrides)
                 click.echo(f"gymhost: serving {app.state.gymhost.name} at {url_of(sock)}")
             run_app(app, sock, config)
         finally:
@@ -187,12 +199,16 @@ def serve(
 @click.option("--tasks", "tasks_file", type=click.Path(dir_okay=False, path_type=str), help="Tasks of a URL source.")
 @click.option("--url", "urls", multiple=True, metavar="URL", help="Another instance of a URL source. Repeatable.")
 @click.option(
-    "--instances", default=4, show_default=True, type=click.IntRange(1), help="Loopback instances of a bundle."
+    "--instances",
+    default=SourceConfig.model_fields["instances"].default,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Loopback instances of a bundle.",
 )
 @click.option(
     "--mode",
     type=click.Choice(["process", "in-process"]),
-    default="process",
+    default=SourceConfig.model_fields["mode"].default,
     show_default=True,
     help="Bundle instances as loopback processes, or inside the server (for hundreds of episodes at once).",
 )

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._catalog import CatalogError
-from ._pool import StartupError
-from ._source import SourceError
-from ._tasks import Task, TaskError, load_tasks, task_schema
-from ._writer import WriteError, WrittenFolder, awrite_folder, write_folder
+from ._exceptions import CatalogError, CheckError, SourceError, StartupError, TaskError, WriteError
+from ._tasks import Task, load_tasks, task_schema
+from ._writer import WrittenFolder, awrite_folder, write_folder
 
 if TYPE_CHECKING:
     from ._server import AgentEnvResourcesServer, AgentEnvResourcesServerConfig
@@ -22,6 +20,7 @@ __all__ = [
     "AgentEnvResourcesServer",
     "AgentEnvResourcesServerConfig",
     "CatalogError",
+    "CheckError",
     "SourceError",
     "StartupError",
     "Task",

@@ -14,17 +14,13 @@ from typing import Any
 from agentenv_protocol.client import find_extension
 
 from .._app import GYM_ROUTE_NAMES as GYM_ROUTES
-from .._exceptions import GymhostError
+from ._exceptions import CatalogError
 from ._tasks import ExtensionCriterion, Task
 
 __all__ = ["GYM_ROUTES", "CatalogError", "card_tools", "check_tasks", "policy_tools", "responses_tool"]
 
 # What OpenAI-style function names allow, which is also safe as one URL path segment.
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-
-class CatalogError(GymhostError):
-    """The environment's tools or extensions cannot back a Gym server, or a task uses what the card lacks."""
 
 
 def card_tools(card: dict[str, Any]) -> list[dict[str, Any]]:

@@ -17,16 +17,14 @@ from typing import Any
 import httpx
 
 from .._app import create_app
+from .._config import NO_TOKEN
 from .._episode import EpisodeClient
-from .._exceptions import GymhostError
+from .._lifespan_runner import running_lifespan
+from ._exceptions import CheckError
 
-__all__ = ["CheckError", "RowCheck", "check_folder", "format_report"]
+__all__ = ["RowCheck", "check_folder", "format_report"]
 
 _BASE_URL = "http://gymhost.check"
-
-
-class CheckError(GymhostError):
-    """The folder is not one ``gymhost write`` produced, or has no rows."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +58,7 @@ def check_folder(folder: str | Path) -> list[RowCheck]:
 async def _check(folder: Path) -> list[RowCheck]:
     from ._server import AgentEnvResourcesServer
 
-    app = create_app(folder, token="")  # played in-process: no request crosses the network
+    app = create_app(folder, token=NO_TOKEN)  # played in-process: no request crosses the network
     server = app.state.gymhost.server
     if not isinstance(server, AgentEnvResourcesServer):
         raise CheckError(f"{folder}: its server is {type(server).__name__}, not one `gymhost write` wrote")
@@ -72,10 +70,10 @@ async def _check(folder: Path) -> list[RowCheck]:
     ]
     if not rows:
         raise CheckError(f"{folder / 'data'}: no rows to play")
-    async with app.router.lifespan_context(app):
+    async with running_lifespan(app):
         transport = httpx.ASGITransport(app=app)
         runtime = server._running()
-        limit = asyncio.Semaphore(len(runtime.pool.instances))
+        limit = asyncio.Semaphore(runtime.status()["limits"]["instances"])
 
         async def check_row(split: str, row: dict[str, Any]) -> RowCheck:
             _, task = runtime.find_task(row.get("split") or split, row["task_id"])

@@ -38,60 +38,24 @@ from agentenv_protocol import (
 )
 from agentenv_protocol.client import ExtensionCallError, find_extension, find_extension_method, mcp_path
 
-from .. import __version__
-from .._exceptions import GymhostError
+from .._version import __version__
+from ._exceptions import (
+    DataPlaneError,
+    EnvDroppedError,
+    EnvTimeoutError,
+    EnvUnavailableError,
+    ExtensionError,
+    MalformedReplyError,
+    McpMalformedReplyError,
+    McpSessionError,
+)
 
-__all__ = [
-    "DataPlaneError",
-    "EnvClient",
-    "EnvDroppedError",
-    "EnvTimeoutError",
-    "EnvUnavailableError",
-    "ExtensionError",
-    "MalformedReplyError",
-    "McpMalformedReplyError",
-    "McpSession",
-    "McpSessionError",
-]
+__all__ = ["EnvClient", "McpSession"]
 
 _MCP_PROTOCOL_VERSION = "2025-11-25"
 # The connection was there and went away during the call (ConnectError, by contrast, means nobody answered).
 _DROPPED = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 _CLOSE_TIMEOUT_S = 5.0
-
-
-class EnvUnavailableError(GymhostError):
-    """The instance did not answer: connection refused or dropped, or too slow."""
-
-
-class EnvTimeoutError(EnvUnavailableError):
-    """The instance took longer than the timeout to answer."""
-
-
-class EnvDroppedError(EnvUnavailableError):
-    """The instance dropped the connection in the middle of a call: it crashed, or was killed."""
-
-
-class DataPlaneError(GymhostError):
-    """The instance answered a data-plane call (or the card) with an error."""
-
-
-class MalformedReplyError(DataPlaneError):
-    """The instance answered, but not in the protocol: not JSON, not JSON-RPC, an HTTP error. Unlike an error the
-    protocol carries (a seed the environment refused), this says the instance itself is broken."""
-
-
-class ExtensionError(GymhostError):
-    """A card extension could not be called, or answered an error."""
-
-
-class McpSessionError(GymhostError):
-    """An MCP-level failure: a JSON-RPC error, an HTTP error, an unreadable reply, or a session the server lost.
-    A tool that fails is not one: its result says ``isError``."""
-
-
-class McpMalformedReplyError(McpSessionError, MalformedReplyError):
-    """An MCP reply that is not MCP: unreadable, not JSON-RPC, or an HTTP error other than a lost session."""
 
 
 class EnvClient:
@@ -100,7 +64,7 @@ class EnvClient:
         base_url: str,
         *,
         transport: httpx.AsyncBaseTransport | None = None,
-        data_timeout: float = 30.0,
+        data_timeout: float,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._http = httpx.AsyncClient(base_url=self.base_url, transport=transport, timeout=data_timeout)

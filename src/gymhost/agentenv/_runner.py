@@ -17,7 +17,8 @@ import sys
 import threading
 from pathlib import Path
 
-from ._pool import READY, StartupError, load_environment_class
+from ._exceptions import StartupError
+from ._launchers import READY, load_environment_class
 
 
 def _exit_when_parent_goes() -> None:

@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -22,53 +22,28 @@ from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from .._exceptions import FolderError
-from ._pool import BundleLauncher, InProcessLauncher, Launcher, Pool, UrlLauncher
-from ._runtime import (
-    EpisodeStateError,
-    Runtime,
-    RuntimeSettings,
-    SessionConflictError,
-    UnknownTaskError,
-    Verdict,
-)
+from .._lifespan import wrap_lifespan
+from ._config import EpisodeFields, EpisodeSettings, PoolFields, PoolSettings, SourceConfig
+from ._exceptions import EpisodeStateError, SessionConflictError, UnknownTaskError
+from ._launchers import ENTRY, BundleLauncher, InProcessLauncher, Launcher, UrlLauncher
+from ._outcomes import Verdict
+from ._pool import Pool
+from ._runtime import Runtime
 from ._tasks import Task, load_task_folder
 
-__all__ = ["AgentEnvResourcesServer", "AgentEnvResourcesServerConfig", "SourceConfig"]
+__all__ = ["AgentEnvResourcesServer", "AgentEnvResourcesServerConfig"]
 
 # nemo-gym 0.5+ has the Environment Server session contract; 0.4.0 knows only the cookie flow.
 _RESOURCES_FLOW = hasattr(gym, "ResourcesSeedSessionRequest")
 
 
-class SourceConfig(BaseModel):
-    """Where the environment instances come from."""
+class AgentEnvResourcesServerConfig(gym.BaseResourcesServerConfig, PoolFields, EpisodeFields):  # type: ignore[misc]
+    """A written server's config block: Gym's fields, the environment and its source, and the limits (declared, with
+    their defaults, in ``_config``)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["bundle", "urls"]
-    path: str | None = Field(default=None, description="bundle: its folder, relative to the server folder")
-    mode: Literal["process", "in_process"] = Field(
-        default="process", description="bundle: one loopback process per instance, or instances inside the server"
-    )
-    instances: int = Field(default=4, ge=1, description="bundle: how many instances (= concurrent episodes)")
-    urls: list[str] = Field(default_factory=list, description="urls: one base URL per independent instance")
-
-
-class AgentEnvResourcesServerConfig(gym.BaseResourcesServerConfig):  # type: ignore[misc]
     environment: str = Field(description="The environment card's name; startup refuses any other environment.")
     source: SourceConfig
     tasks: str = Field(default="tasks", description="Folder of <split>.jsonl task files, relative to the server folder")
-    role: str | None = Field(default=None, description="AgentEnv-Role header for tool calls")
-    # Below verifiers' default request timeout (60 s), so a seed that finds no instance fails while its client waits.
-    lease_timeout_s: float = Field(default=30.0, gt=0)
-    tool_timeout_s: float = Field(default=60.0, gt=0)
-    data_timeout_s: float = Field(default=30.0, gt=0)
-    startup_timeout_s: float = Field(default=60.0, gt=0)
-    idle_timeout_s: float = Field(
-        default=300.0, gt=0, description="An episode with no call for this long ends, masked as session_expired"
-    )
-    remember_s: float = Field(
-        default=600.0, gt=0, description="How long closed sessions and verdicts are kept, for late or repeated calls"
-    )
 
 
 class AgentEnvSeedRequest(gym.BaseSeedSessionRequest):  # type: ignore[misc]
@@ -138,40 +113,26 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         app.get("/agentenv/pool", summary="The environment instances and open episodes")(self.pool_status)
         app.get("/agentenv/pool/{index}", summary="One instance, with its state (data/get)")(self.instance_status)
 
-        inner = app.router.lifespan_context
-
         @asynccontextmanager
-        async def lifespan(app_: FastAPI) -> AsyncIterator[Any]:
+        async def environment(app_: FastAPI) -> AsyncIterator[None]:
+            config = self.config
+            size = len(config.source.urls) if config.source.kind == "urls" else config.source.instances
             runtime = Runtime(
-                Pool(
-                    launcher,
-                    size=len(self.config.source.urls)
-                    if self.config.source.kind == "urls"
-                    else self.config.source.instances,
-                    lease_timeout=self.config.lease_timeout_s,
-                    data_timeout=self.config.data_timeout_s,
-                    startup_timeout=self.config.startup_timeout_s,
-                ),
+                Pool(launcher, size, PoolSettings.of(config)),
                 self._tasks,
-                RuntimeSettings(
-                    environment=self.config.environment,
-                    role=self.config.role,
-                    tool_timeout=self.config.tool_timeout_s,
-                    idle_timeout=self.config.idle_timeout_s,
-                    remember=self.config.remember_s,
-                ),
+                config.environment,
+                EpisodeSettings.of(config),
             )
             await runtime.start()
             self._runtime = runtime
             self._register_tools(app_, runtime)
             try:
-                async with inner(app_) as state:
-                    yield state
+                yield
             finally:
                 self._runtime = None
                 await runtime.stop()
 
-        app.router.lifespan_context = lifespan
+        wrap_lifespan(app, environment)
         return app
 
     # -- Gym's endpoints ----------------------------------------------------------------------------------------
@@ -232,7 +193,7 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         return self._running().status()
 
     async def instance_status(self, index: int) -> dict[str, Any]:
-        answer = await self._running().instance_status(index)
+        answer = await self._running().pool.instance_status(index)
         if answer is None:
             raise HTTPException(404, f"no instance {index}")
         return answer
@@ -308,11 +269,11 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             if not source.path:
                 raise FolderError(f"{type(self).__name__}: source.kind is bundle but source.path is not set")
             bundle = self._path(source.path, "bundle")
-            if not (bundle / "env.py").is_file():
-                raise FolderError(f"{bundle}: no env.py; a bundle holds its environment in env.py")
+            if not (bundle / ENTRY).is_file():
+                raise FolderError(f"{bundle}: no {ENTRY}; a bundle holds its environment in {ENTRY}")
             if source.mode == "in_process":
                 return InProcessLauncher(bundle)
-            return BundleLauncher(bundle, startup_timeout=self.config.startup_timeout_s)
+            return BundleLauncher(bundle)
         if not source.urls:
             raise FolderError(f"{type(self).__name__}: source.kind is urls but source.urls is empty")
         return UrlLauncher(source.urls)

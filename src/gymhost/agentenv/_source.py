@@ -12,19 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .._exceptions import GymhostError
 from ._catalog import check_tasks, policy_tools
-from ._env_client import DataPlaneError, EnvClient, EnvUnavailableError
-from ._pool import ENTRY, BundleLauncher, Pool
+from ._config import PoolSettings
+from ._env_client import EnvClient
+from ._exceptions import DataPlaneError, EnvUnavailableError, SourceError
+from ._launchers import ENTRY, BundleLauncher
+from ._pool import Pool
 from ._tasks import Task, load_task_folder, load_tasks
 
-__all__ = ["Source", "SourceError", "inspect_source"]
-
-_TIMEOUT_S = 60.0
-
-
-class SourceError(GymhostError):
-    """The SOURCE of ``gymhost write`` is not a usable bundle or environment URL."""
+__all__ = ["Source", "inspect_source"]
 
 
 @dataclass
@@ -69,19 +65,16 @@ async def _inspect_bundle(folder: Path, split: str | None) -> Source:
         if split not in tasks:
             raise SourceError(f"{bundle / 'tasks'}: no {split}.jsonl (splits: {', '.join(sorted(tasks))})")
         tasks, files = {split: tasks[split]}, {split: files[split]}
-    pool = Pool(BundleLauncher(bundle, startup_timeout=_TIMEOUT_S), size=1, startup_timeout=_TIMEOUT_S)
-    card = await pool.start()
-    try:
-        hidden = await pool.instances[0].client.hidden_tools(card)
-    finally:
-        await pool.stop()
-    return _checked(Source("bundle", card, [], tasks, files, bundle=bundle), hidden)
+    pool = Pool(BundleLauncher(bundle), 1, PoolSettings())  # one instance, with the limits a server has by default
+    await pool.start()
+    await pool.stop()
+    return _checked(Source("bundle", pool.card, [], tasks, files, bundle=bundle), pool.hidden_tools)
 
 
 async def _inspect_urls(urls: list[str], tasks_file: Path, split: str | None) -> Source:
     tasks = {split or tasks_file.stem: load_tasks(tasks_file)}
     files = {name: tasks_file.resolve() for name in tasks}
-    clients = [EnvClient(url) for url in urls]
+    clients = [EnvClient(url, data_timeout=PoolSettings().data_timeout_s) for url in urls]
     try:
         cards = []
         for client in clients:

@@ -16,7 +16,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from agentenv_protocol import Part
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .._exceptions import GymhostError
+from ._exceptions import TaskError
 
 __all__ = [
     "Criterion",
@@ -36,10 +36,6 @@ __all__ = [
 ]
 
 _TASK_ID = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-
-
-class TaskError(GymhostError):
-    """A task file that is not valid; the message names file, line and field."""
 
 
 class _Strict(BaseModel):

@@ -19,19 +19,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._exceptions import GymhostError
 from ._catalog import responses_tool
+from ._config import SourceConfig, written_settings
+from ._exceptions import WriteError
 from ._source import Source, inspect_source
 from ._tasks import Task
 
-__all__ = ["WriteError", "WrittenFolder", "awrite_folder", "write_folder"]
+__all__ = ["WrittenFolder", "awrite_folder", "write_folder"]
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".venv", ".git", ".pytest_cache", ".mypy_cache")
-
-
-class WriteError(GymhostError):
-    """The folder cannot be written: a bad name, or a folder already there without ``--force``."""
 
 
 class WrittenFolder:
@@ -49,8 +46,8 @@ def write_folder(
     split: str | None = None,
     tasks_file: str | Path | None = None,
     urls: Sequence[str] = (),
-    instances: int = 4,
-    mode: str = "process",
+    instances: int = SourceConfig.model_fields["instances"].default,
+    mode: str = SourceConfig.model_fields["mode"].default,
     force: bool = False,
 ) -> WrittenFolder:
     """Write ``root/resources_servers/<name>/`` for the environment at ``source`` (a bundle folder or a URL).
@@ -86,8 +83,8 @@ async def awrite_folder(
     split: str | None = None,
     tasks_file: str | Path | None = None,
     urls: Sequence[str] = (),
-    instances: int = 4,
-    mode: str = "process",
+    instances: int = SourceConfig.model_fields["instances"].default,
+    mode: str = SourceConfig.model_fields["mode"].default,
     force: bool = False,
 ) -> WrittenFolder:
     """``write_folder`` for async code: the environment is started and asked for its card on the caller's loop."""
@@ -228,13 +225,7 @@ def _config_yaml(name: str, source: Source, instances: int, mode: str, tasks_pat
       source:
 {source_block}
       tasks: {q(tasks_path)}
-      role: null
-      lease_timeout_s: 30    # a seed waits this long for a free instance, then answers 503
-      tool_timeout_s: 60     # a tool call's limit; past it the episode is masked and the instance replaced
-      data_timeout_s: 30     # the data plane's, the card's and grading extensions' limit
-      startup_timeout_s: 60  # an instance's limit to come up
-      idle_timeout_s: 300    # an episode with no call for this long ends, masked as session_expired
-      remember_s: 600        # closed sessions and verdicts are kept this long for late or repeated calls
+{_settings_yaml()}
 {name}_simple_agent:
   responses_api_agents:
     simple_agent:
@@ -255,6 +246,17 @@ def _config_yaml(name: str, source: Source, instances: int, mode: str, tasks_pat
         type: responses_api_agents
         name: {name}_simple_agent
 """
+
+
+def _settings_yaml() -> str:
+    """The limits with their defaults and what each means, as YAML lines of the server block."""
+    lines = [(f"{name}: {_yaml_scalar(value)}", description) for name, value, description in written_settings()]
+    width = max(len(line) for line, _ in lines)
+    return "\n".join(f"      {line:<{width}}  # {description}" for line, description in lines)
+
+
+def _yaml_scalar(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else json.dumps(value)  # JSON's null and strings are YAML too
 
 
 def _dataset_type(split: str) -> str:

@@ -35,7 +35,6 @@ class DisconnectCancellationMiddleware:
     def __init__(self, app: ASGIApp, *, watch_after: float = 0.1) -> None:
         self.app = app
         self.watch_after = watch_after
-        self.num_cancelled = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -48,7 +47,6 @@ class DisconnectCancellationMiddleware:
             finally:
                 watch.stop()
         if watch.disconnected:
-            self.num_cancelled += 1
             client = scope.get("client") or ("-", "-")
             logger.info('%s:%s - "%s %s" 499 client disconnected', *client, scope.get("method"), scope.get("path"))
 

@@ -19,11 +19,7 @@ cookies.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-import os
-import secrets
 import time
 from base64 import b64decode, b64encode
 from typing import Any, Literal
@@ -34,32 +30,14 @@ from itsdangerous.exc import BadSignature
 from starlette.middleware.sessions import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["SECRET_ENV_VAR", "SESSION_ID_KEY", "SessionMiddleware", "process_secret", "server_secret"]
+from .._secret import process_secret
 
-SECRET_ENV_VAR = "GYMHOST_SECRET"
+__all__ = ["SESSION_ID_KEY", "SessionMiddleware"]
+
 SESSION_ID_KEY = "session_id"  # nemo_gym.server_utils.SESSION_ID_KEY
 _SALT = "gymhost.session"
 _VERIFIED_KEPT = 100_000  # cookies kept verified at most; beyond that the cache starts again
 _VERIFIED_GENERATION_S = 60.0  # a cookie unseen for between one and two of these is verified again when it returns
-
-_random_secret: str | None = None
-
-
-def process_secret() -> str:
-    """``GYMHOST_SECRET``, else a random secret made on first use and kept for the life of the process."""
-    global _random_secret
-    configured = os.environ.get(SECRET_ENV_VAR)
-    if configured:
-        return configured
-    if _random_secret is None:
-        _random_secret = secrets.token_urlsafe(32)
-    return _random_secret
-
-
-def server_secret(server_key: str) -> str:
-    """A key of one server's own (its public ``<Class>___<name>``), derived from the process secret: what one
-    server signs (an MCP session token) means nothing to another."""
-    return hmac.new(process_secret().encode(), server_key.encode(), hashlib.sha256).hexdigest()
 
 
 class SessionMiddleware:

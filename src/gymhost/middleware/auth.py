@@ -6,7 +6,8 @@ routes show it. ``BearerTokenMiddleware`` refuses every request without ``Author
 credentials. The token is compared in constant time, and it is never logged or echoed.
 
 The token comes from ``GYMHOST_TOKEN`` unless given explicitly, so an operator who sets it protects every app gymhost
-builds in the process, ``create_app`` inside a gateway of their own included.
+builds in the process, ``create_app`` inside a gateway of their own included. Turning the check off is explicit:
+``token=NO_TOKEN``.
 """
 
 from __future__ import annotations
@@ -18,19 +19,27 @@ from collections.abc import Collection
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ._exceptions import ServeError
+from .._config import TOKEN_ENV_VAR, NoToken
+from .._exceptions import ServeError
 
-__all__ = ["LIVENESS_PATHS", "TOKEN_ENV_VAR", "BearerTokenMiddleware", "resolve_token"]
+__all__ = ["LIVENESS_PATHS", "BearerTokenMiddleware", "resolve_token"]
 
-TOKEN_ENV_VAR = "GYMHOST_TOKEN"
 # Gym's liveness routes (nemo-gym 0.4.0 answers "/" only; 0.5+ adds the others).
 LIVENESS_PATHS = frozenset({"/", "/health", "/healthz", "/livez", "/readyz"})
 
 
-def resolve_token(token: str | None) -> str | None:
-    """``token`` if given, else ``GYMHOST_TOKEN`` if set and not empty. A header carries ASCII only, so a token
-    that is not ASCII could never be sent: it is refused here, at build time (without echoing it)."""
-    resolved = (token if token is not None else os.environ.get(TOKEN_ENV_VAR)) or None
+def resolve_token(token: str | NoToken | None) -> str | None:
+    """The token every request must carry, or None for no check.
+
+    ``None`` reads ``GYMHOST_TOKEN`` (unset or empty: no check); ``NO_TOKEN`` turns the check off; a string is the
+    token. A header carries ASCII only, so a token that is not ASCII could never be sent: it is refused here, at
+    build time (without echoing it), and so is an empty string, which would say neither "off" nor a token.
+    """
+    if isinstance(token, NoToken):
+        return None
+    if token == "":
+        raise ServeError("the bearer token is empty; pass NO_TOKEN to turn the check off")
+    resolved = token if token is not None else (os.environ.get(TOKEN_ENV_VAR) or None)
     if resolved is not None and not (resolved.isascii() and resolved.isprintable() and " " not in resolved):
         raise ServeError("the bearer token must be printable ASCII without spaces (it travels in an HTTP header)")
     return resolved

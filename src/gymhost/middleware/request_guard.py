@@ -27,10 +27,9 @@ from itertools import accumulate
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_JSON_DEPTH", "RequestGuardMiddleware", "json_problem"]
+from .._config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH
 
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024  # room for a long multi-turn transcript with images, bounded per request
-DEFAULT_MAX_JSON_DEPTH = 128  # tool schemas and transcripts nest tens deep; Python's recursion breaks near 1,000
+__all__ = ["RequestGuardMiddleware", "json_problem"]
 
 # A string, unrolled (no alternation per character). The end of the body also closes one: a string left open
 # would otherwise make every later quote start a scan to the end, quadratic in the body's size.

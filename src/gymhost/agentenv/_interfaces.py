@@ -1,0 +1,57 @@
+"""What the episode state machine (``_runtime``) needs of the pool and its instances, as protocols.
+
+A server gives it ``_pool.Pool``, whose instances talk to environments through ``_env_client.EnvClient``; the unit
+tests give it a fake pool whose instances answer in memory, to drive races between seeds, tool calls, verifies,
+closes and expiry directly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from agentenv_protocol import ToolResult
+
+from ._outcomes import Failure
+
+__all__ = ["EnvironmentClient", "InstancePool", "LeasedInstance", "ToolSession"]
+
+
+class ToolSession(Protocol):
+    """One MCP session on an instance (``_env_client.McpSession``)."""
+
+    async def open(self) -> ToolSession: ...
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult: ...
+    async def close(self) -> None: ...
+
+
+class EnvironmentClient(Protocol):
+    """What an episode asks of its instance (``_env_client.EnvClient``)."""
+
+    async def add(self, parts: list[dict[str, Any]]) -> None: ...
+    async def get(self) -> list[dict[str, Any]]: ...
+    async def call_extension(
+        self, card: dict[str, Any], uri: str, method: str | None, params: dict[str, Any]
+    ) -> Any: ...
+    def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> ToolSession: ...
+
+
+class LeasedInstance(Protocol):
+    @property
+    def index(self) -> int: ...
+    @property
+    def client(self) -> EnvironmentClient: ...
+
+
+class InstancePool(Protocol):
+    """The instances episodes are played on (``_pool.Pool``)."""
+
+    card: dict[str, Any]
+    hidden_tools: set[str]
+
+    async def start(self) -> None: ...
+    def begin_stop(self) -> None: ...
+    async def stop(self) -> None: ...
+    async def lease(self) -> LeasedInstance: ...
+    async def release(self, instance: Any, failure: Failure | None) -> None: ...
+    def status(self) -> dict[str, Any]: ...
+    async def instance_status(self, index: int) -> dict[str, Any] | None: ...

@@ -1,0 +1,284 @@
+"""Where environment instances come from, and how each is started and stopped: the launchers.
+
+A ``Launcher`` brings one instance up and takes it down; the pool (``_pool``) decides when. Three kinds:
+
+- ``BundleLauncher``: one loopback process per instance (``_runner``). Each episode's environment is isolated in
+  its own process, as the protocol intends, at the price of a process (tens of MB) per concurrent episode.
+- ``InProcessLauncher``: instances of the environment class inside the server, each reached through an in-memory
+  ASGI transport. Same protocol, same behaviour, no process per episode: the way to hold hundreds of episodes.
+- ``UrlLauncher``: instances someone else runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import importlib.util
+import inspect
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from .._entrypoint import own_siblings
+from .._logging import fastmcp_leaves_logging_alone
+from ._config import PoolSettings
+from ._env_client import EnvClient
+from ._exceptions import StartupError
+
+__all__ = [
+    "ENTRY",
+    "READY",
+    "BundleLauncher",
+    "InProcessLauncher",
+    "Instance",
+    "Launcher",
+    "UrlLauncher",
+    "load_environment_class",
+]
+
+logger = logging.getLogger("gymhost.agentenv")
+
+ENTRY = "env.py"  # a bundle's environment module
+READY = "gymhost-env-ready"  # the first line ``_runner`` prints: READY <port>
+_STOP_GRACE_S = 5.0
+
+
+@dataclass(eq=False)
+class Instance:
+    index: int
+    client: EnvClient
+    process: asyncio.subprocess.Process | None = None
+    hosted: _Hosted | None = None
+    leased: bool = False
+    healthy: bool = True
+    queued: bool = False  # in the pool's free queue, ready for the next lease
+    episodes: int = 0
+
+    @property
+    def base_url(self) -> str:
+        return self.client.base_url
+
+    def status(self) -> dict[str, Any]:
+        # "resetting": released, its reset still running, not yet free
+        state = "leased" if self.leased else "repairing" if not self.healthy else "free" if self.queued else "resetting"
+        pid = self.process.pid if self.process is not None else None
+        return {"index": self.index, "url": self.base_url, "state": state, "episodes": self.episodes, "pid": pid}
+
+
+@dataclass(eq=False)
+class _Hosted:
+    """An in-process instance's app, whose lifespan runs in a task of its own (an anyio task group must be left in
+    the task that entered it, and instances are started and stopped from different tasks)."""
+
+    task: asyncio.Task[None]
+    stop: asyncio.Event
+
+
+class Launcher(Protocol):
+    """Brings instance ``index`` up (again) and takes it down."""
+
+    description: str
+    restarts: bool  # a broken instance is replaced (a bundle), or waited for (a URL)
+
+    async def launch(self, index: int, settings: PoolSettings) -> Instance: ...
+
+    async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
+        """Take it down; not ``graceful`` when it is broken, and a request stuck in it would only delay the end."""
+        ...
+
+
+def load_environment_class(bundle: Path) -> type[Any]:
+    """The one concrete ``AgentEnvEnvironment`` subclass ``bundle/env.py`` defines, imported with the bundle
+    folder importable (for its sibling modules) under a module name of its own."""
+    from agentenv_protocol import AgentEnvEnvironment
+
+    entry = bundle / ENTRY
+    name = f"gymhost_bundle_env_{hashlib.sha1(str(entry).encode()).hexdigest()[:10]}"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, entry)
+        if spec is None or spec.loader is None:
+            raise StartupError(f"{entry}: not an importable Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            # Its sibling modules are its own even when another bundle in this process has one of the same name.
+            with own_siblings(bundle, name):
+                spec.loader.exec_module(module)
+        except Exception as error:
+            del sys.modules[name]
+            raise StartupError(f"{entry}: importing it failed: {error!r}") from error
+    found = [
+        value
+        for value in vars(module).values()
+        if inspect.isclass(value)
+        and issubclass(value, AgentEnvEnvironment)
+        and value is not AgentEnvEnvironment
+        and value.__module__ == module.__name__
+        and not inspect.isabstract(value)
+    ]
+    if len(found) != 1:
+        names = ", ".join(sorted(cls.__name__ for cls in found)) or "none"
+        raise StartupError(f"{entry}: expected one AgentEnvEnvironment subclass, found {names}")
+    return found[0]
+
+
+class UrlLauncher:
+    """Instances someone else runs; gymhost only talks to them."""
+
+    restarts = False
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.urls = [url.rstrip("/") for url in urls]
+        self.description = f"{len(self.urls)} environment URL(s)"
+
+    async def launch(self, index: int, settings: PoolSettings) -> Instance:
+        return Instance(index, EnvClient(self.urls[index], data_timeout=settings.data_timeout_s))
+
+    async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
+        await instance.client.aclose()
+
+
+class InProcessLauncher:
+    """Instances of the bundle's environment class inside this process, each its own app behind an in-memory ASGI
+    transport: the same card, data plane and MCP endpoint as a process instance, without the process."""
+
+    restarts = True
+
+    def __init__(self, bundle: Path) -> None:
+        self.bundle = bundle
+        self.description = f"bundle {bundle} (in-process)"
+
+    async def launch(self, index: int, settings: PoolSettings) -> Instance:
+        environment_class = load_environment_class(self.bundle)
+        if index == 0:
+            _warn_about_blocking_handlers(environment_class)
+        environment = environment_class()
+        with fastmcp_leaves_logging_alone():
+            app = environment.create_app().streamable_http_app()
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+        task = asyncio.create_task(_host(app, started, stop), name=f"gymhost-env-instance-{index}")
+        await started
+        transport = httpx.ASGITransport(app=app)
+        client = EnvClient(
+            f"http://instance-{index}.in-process", transport=transport, data_timeout=settings.data_timeout_s
+        )
+        return Instance(index, client, hosted=_Hosted(task, stop))
+
+    async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
+        await instance.client.aclose()
+        if instance.hosted is not None:
+            instance.hosted.stop.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(instance.hosted.task), _STOP_GRACE_S if graceful else 0.1)
+            except TimeoutError:
+                instance.hosted.task.cancel()
+            except Exception as error:
+                logger.warning("in-process environment instance %s stopped with %r", instance.index, error)
+
+
+def _warn_about_blocking_handlers(environment_class: type[Any]) -> None:
+    """In-process, a handler that is not ``async`` runs on the server's event loop: while it runs, every episode
+    and every request waits, and no timeout can interrupt it. Process mode has no such limit."""
+    blocking = sorted(
+        name
+        for name, member in inspect.getmembers(environment_class, inspect.isfunction)
+        if any(hasattr(member, marker) for marker in ("_aee_tool", "_aee_op", "_aee_ext"))
+        and not inspect.iscoroutinefunction(member)
+    )
+    if blocking:
+        logger.warning(
+            "%s: %s are not async; in-process instances run them on the server's event loop, where they block "
+            "every other episode while they run (process mode does not)",
+            environment_class.__name__,
+            ", ".join(blocking),
+        )
+
+
+async def _host(app: Any, started: asyncio.Future[None], stop: asyncio.Event) -> None:
+    try:
+        async with app.router.lifespan_context(app):
+            started.set_result(None)
+            await stop.wait()
+    except BaseException as error:
+        if started.done():
+            raise
+        started.set_exception(StartupError(f"an in-process environment instance did not start: {error!r}"))
+
+
+class BundleLauncher:
+    """One loopback process per instance, running the bundle's environment through ``_runner``."""
+
+    restarts = True
+
+    def __init__(self, bundle: Path) -> None:
+        self.bundle = bundle
+        self.description = f"bundle {bundle}"
+
+    async def launch(self, index: int, settings: PoolSettings) -> Instance:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gymhost.agentenv._runner",
+            str(self.bundle),
+            stdin=asyncio.subprocess.PIPE,  # the death pipe: never written, closed when this process goes
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        assert process.stdout is not None
+        try:
+            line = await asyncio.wait_for(process.stdout.readline(), settings.startup_timeout_s)
+        except TimeoutError:
+            await _terminate(process)
+            raise StartupError(
+                f"{self.bundle}/env.py: instance {index} did not start within {settings.startup_timeout_s:g}s"
+            ) from None
+        except BaseException:  # cancelled while it starts: it must not outlive us
+            _kill_now(process)
+            raise
+        words = line.decode(errors="replace").split()
+        if len(words) != 2 or words[0] != READY:
+            await _terminate(process)
+            raise StartupError(
+                f"{self.bundle}/env.py: instance {index} exited with status {process.returncode} before serving "
+                "(its error output is above)"
+            )
+        return Instance(index, EnvClient(f"http://127.0.0.1:{words[1]}", data_timeout=settings.data_timeout_s), process)
+
+    async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
+        await instance.client.aclose()
+        if instance.process is not None:
+            if not graceful:
+                _kill_now(instance.process)
+            await _terminate(instance.process)
+
+
+def _kill_now(process: asyncio.subprocess.Process) -> None:
+    """No await, so it also works in a task that is being cancelled; the exited process is reaped by asyncio."""
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+    if process.stdin is not None:
+        process.stdin.close()
+
+
+async def _terminate(process: asyncio.subprocess.Process) -> None:
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(process.wait(), _STOP_GRACE_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            await process.wait()
+    if process.stdin is not None:
+        process.stdin.close()

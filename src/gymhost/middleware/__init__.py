@@ -1,0 +1,23 @@
+"""gymhost's ASGI middleware, each pure ASGI (no ``BaseHTTPMiddleware``), kept as Starlette keeps its own.
+
+``stack.middleware_stack`` is the one place that says which of them an app gets, in which order, and why.
+"""
+
+from __future__ import annotations
+
+from .auth import LIVENESS_PATHS, BearerTokenMiddleware
+from .disconnect import DisconnectCancellationMiddleware
+from .exceptions import ExceptionMiddleware
+from .request_guard import RequestGuardMiddleware
+from .sessions import SessionMiddleware
+from .stack import middleware_stack
+
+__all__ = [
+    "LIVENESS_PATHS",
+    "BearerTokenMiddleware",
+    "DisconnectCancellationMiddleware",
+    "ExceptionMiddleware",
+    "RequestGuardMiddleware",
+    "SessionMiddleware",
+    "middleware_stack",
+]

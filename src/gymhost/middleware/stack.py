@@ -1,0 +1,103 @@
+"""The middleware of an app ``create_app`` builds: the whole stack, in one place, outermost first.
+
+Gym's launcher builds its stack in several steps (``setup_webserver`` adds the session middlewares, then
+``setup_exception_middleware`` and, on nemo-gym 0.5+, ``setup_cancellation_middleware`` add theirs on top), and
+several of its layers do not work under a mount, sign sessions with a public key, or cost a task group per request
+(``BaseHTTPMiddleware``). ``create_app`` lets Gym build its app, then replaces the whole list with what
+``middleware_stack`` returns: each Gym layer swapped for gymhost's equivalent, gymhost's own layers added, in the
+order its docstring gives. Only the layers Gym had are swapped in; a middleware a server's own ``setup_webserver``
+added is kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.middleware.sessions import SessionMiddleware as StarletteSessionMiddleware
+
+from .auth import LIVENESS_PATHS, BearerTokenMiddleware
+from .disconnect import DisconnectCancellationMiddleware
+from .exceptions import ExceptionMiddleware
+from .request_guard import RequestGuardMiddleware
+from .rollout import mounted_rollout_middleware
+from .sessions import SessionMiddleware
+
+__all__ = ["install_middleware", "middleware_stack"]
+
+
+def middleware_stack(
+    gym_stack: Sequence[Middleware],
+    *,
+    server_key: str,
+    token: str | None,
+    max_body_bytes: int,
+    max_json_depth: int,
+) -> list[Middleware]:
+    """The app's middleware, outermost first (the order of Starlette's ``user_middleware``):
+
+    1. ``BearerTokenMiddleware``, when a token is set: a request without it is refused before anything reads it,
+       its body included. Liveness probes pass, as a load balancer sends them without credentials.
+    2. ``RequestGuardMiddleware``: bodies too large, nested too deeply, or not Unicode text are refused before any
+       layer below or any handler parses them (each of those would become a 500 further in).
+    3. ``DisconnectCancellationMiddleware``, where Gym has its ``ClientDisconnectCancellationMiddleware`` (0.5+):
+       the outermost of Gym's layers, as ``run_webserver`` installs it, so a client that leaves cancels everything
+       below it.
+    4. ``ExceptionMiddleware``, for Gym's ``exception_handling_middleware``: whatever raises below becomes Gym's
+       500 with ``repr(e)``, the answer a model sees when its tool call broke the server.
+    5. ``MountedRolloutContextMiddleware``, where Gym has its ``RolloutContextMiddleware`` (0.5+): strips
+       ``/ng-rollout/<id>`` below the mount prefix, before the session and the routes see the path.
+    6. Middlewares the server's own ``setup_webserver`` added, in their order (Gym's examples add none).
+    7. ``SessionMiddleware``, for Gym's ``SessionMiddleware`` and ``add_session_id`` pair: innermost, next to the
+       routes, as in Gym; its cookie is scoped to the mount and signed with the process secret.
+    """
+    layers = _classify(gym_stack)
+    stack: list[Middleware] = []
+    if token is not None:
+        stack.append(Middleware(BearerTokenMiddleware, token=token, open_paths=LIVENESS_PATHS))
+    stack.append(Middleware(RequestGuardMiddleware, max_body_bytes=max_body_bytes, max_json_depth=max_json_depth))
+    if "disconnect" in layers:
+        stack.append(Middleware(DisconnectCancellationMiddleware))
+    if "exceptions" in layers:
+        stack.append(Middleware(ExceptionMiddleware, server_key=server_key))
+    if "rollout" in layers:
+        rollout = layers["rollout"][0]
+        stack.append(Middleware(mounted_rollout_middleware(), *rollout.args, **rollout.kwargs))
+    stack += layers.get("own", [])
+    if "sessions" in layers:
+        stack.append(Middleware(SessionMiddleware, cookie_name=server_key))
+    return stack
+
+
+def install_middleware(app: Any, **settings: Any) -> None:
+    """Replace the stack Gym built on ``app`` with ``middleware_stack``'s, before the first request builds it."""
+    app.user_middleware[:] = middleware_stack(app.user_middleware, **settings)
+
+
+def _classify(gym_stack: Sequence[Middleware]) -> dict[str, list[Middleware]]:
+    """Gym's layers by the role ``middleware_stack`` gives them; ``own`` holds the ones Gym did not add."""
+    layers: dict[str, list[Middleware]] = {}
+    for middleware in gym_stack:
+        layers.setdefault(_role(middleware), []).append(middleware)
+    layers.pop("drop", None)
+    return layers
+
+
+def _role(middleware: Middleware) -> str:
+    factory: Any = middleware.cls  # typed as a factory; for these entries it is the class itself
+    name = getattr(factory, "__name__", "")
+    if factory is StarletteSessionMiddleware:
+        return "sessions"
+    if factory is BaseHTTPMiddleware:
+        dispatch = getattr(middleware.kwargs.get("dispatch"), "__name__", "")
+        if dispatch == "add_session_id":
+            return "drop"  # gymhost's SessionMiddleware gives every session its id
+        if dispatch == "exception_handling_middleware":
+            return "exceptions"
+    if name == "ClientDisconnectCancellationMiddleware":
+        return "disconnect"
+    if name == "RolloutContextMiddleware":
+        return "rollout"
+    return "own"
