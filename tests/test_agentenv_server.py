@@ -132,7 +132,7 @@ async def test_tool_errors_are_outputs_for_the_model(folder: Path) -> None:
 
 async def test_killing_the_leased_instance_masks_the_episode_and_the_pool_recovers(process_folder: Path) -> None:
     folder = process_folder
-    one_instance = {"source": {"instances": 1}}
+    one_instance = {"source": {"instances": 1, "max_instances": 1}}
     async with served(folder, **one_instance) as transport:
         row = row_for(folder, "maze")
         episode = EpisodeClient(BASE, transport=transport)
@@ -157,7 +157,7 @@ async def test_killing_the_leased_instance_masks_the_episode_and_the_pool_recove
 
 
 async def test_two_concurrent_episodes_never_see_each_others_state(folder: Path) -> None:
-    async with served(folder, source={"instances": 2}) as transport:
+    async with served(folder, source={"instances": 2, "max_instances": 2}) as transport:
         east, north = row_for(folder, "corridor-east"), row_for(folder, "long-corridor")
         first, second = EpisodeClient(BASE, transport=transport), EpisodeClient(BASE, transport=transport)
         await asyncio.gather(first.seed(east), second.seed(north))
@@ -191,7 +191,7 @@ async def test_seed_is_idempotent_and_refuses_conflicts(folder: Path) -> None:
 
 
 async def test_close_session_tears_the_episode_down(folder: Path) -> None:
-    async with served(folder, source={"instances": 1}) as transport:
+    async with served(folder, source={"instances": 1, "max_instances": 1}) as transport:
         row = row_for(folder, "corridor-east")
         episode = EpisodeClient(BASE, transport=transport)
         await episode.seed(row)
@@ -207,7 +207,7 @@ async def test_close_session_tears_the_episode_down(folder: Path) -> None:
 
 
 async def test_seeds_wait_for_a_lease_visibly_then_answer_503_naming_the_limit(folder: Path) -> None:
-    async with served(folder, source={"instances": 1}, lease_timeout_s=1) as transport:
+    async with served(folder, source={"instances": 1, "max_instances": 1}, lease_timeout_s=1) as transport:
         row = row_for(folder, "corridor-east")
         holder = EpisodeClient(BASE, transport=transport)
         waiters = [EpisodeClient(BASE, transport=transport) for _ in range(2)]
@@ -216,12 +216,14 @@ async def test_seeds_wait_for_a_lease_visibly_then_answer_503_naming_the_limit(f
         await asyncio.sleep(0.5)
         status = await pool_status(BASE, transport)
         assert (status["waiting_seeds"], status["leased"], status["free"]) == (2, 1, 0)
-        assert status["limits"]["instances"] == 1
+        assert (status["limits"]["min_instances"], status["limits"]["max_instances"]) == (1, 1)
         assert status["limits"]["lease_timeout_s"] == 1
         for waiter, refused in zip(waiters, await asyncio.gather(*seeding), strict=True):
             assert refused.status_code == 503
             assert refused.json()["failure_kind"] == "provider_unavailable"
-            assert "within lease_timeout_s=1s: all 1 instances (source.instances)" in refused.json()["detail"]
+            detail = refused.json()["detail"]
+            assert "within lease_timeout_s=1s: all 1 instances (the maximum, source.max_instances)" in detail
+            assert "--set source.max_instances=N" in detail
             waiter.cookies.update(refused.cookies)
             answer = await waiter.verify(row)
             assert (answer["mask_sample"], answer["failure_kind"]) == (True, "provider_unavailable")
@@ -252,7 +254,7 @@ async def test_closed_sessions_and_verdicts_are_forgotten_after_remember_s(folde
 
 
 async def test_idle_episodes_expire_and_free_their_instance(folder: Path) -> None:
-    async with served(folder, source={"instances": 1}, idle_timeout_s=0.5) as transport:
+    async with served(folder, source={"instances": 1, "max_instances": 1}, idle_timeout_s=0.5) as transport:
         row = row_for(folder, "corridor-east")
         episode = EpisodeClient(BASE, transport=transport)
         await episode.seed(row)
@@ -431,7 +433,43 @@ async def test_a_tool_that_hangs_times_out_masked_and_its_instance_is_replaced(m
         await episode.seed(the_row)
         await episode.call_tool("increment", {"by": 2})
         assert (await episode.verify(the_row))["reward"] == 1.0
-        after = (await pool_status(BASE, transport))["instances"][0]
-        assert after["episodes"] == before["episodes"] + 1
+        (after,) = (await pool_status(BASE, transport))["instances"]
+        assert (after["index"], after["episodes"]) == (before["index"] + 1, 1)  # a new instance took its place
         if mode == "process":
             assert after["pid"] != before["pid"]  # a new process replaced the one that stopped answering
+
+
+async def test_in_process_tool_calls_without_http_answer_what_process_instances_answer(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The differential check of the direct path: every gridsim task's reference solution and an empty attempt,
+    played on in-process instances (tools called on the server object) and on instance processes (MCP over HTTP):
+    the same tool texts, error flags and verdicts."""
+
+    async def transcripts(mode: str) -> list[Any]:
+        folder = (await awrite_folder(str(GRIDSIM), tmp_path_factory.mktemp(mode), mode=mode)).path
+        played = []
+        async with served(folder) as transport:
+            for row in rows(folder):
+                solution = TASKS[row["task_id"]].solution
+                assert solution is not None
+                for calls, final in ((solution.tool_calls, solution.final_text), ([], "")):
+                    async with EpisodeClient(BASE, transport=transport) as episode:
+                        await episode.seed(row)
+                        outputs = [await episode.call_tool(call.name, call.arguments) for call in calls]
+                        # A wrong move too, for the environment's own error text.
+                        outputs.append(await episode.call_tool("gridsim_move", {"direction": "sideways"}))
+                        verdict = await episode.verify(row, final)
+                    played.append(
+                        (
+                            row["task_id"],
+                            [(output.text, output.ok, output.status_code) for output in outputs],
+                            {key: verdict[key] for key in ("reward", "mask_sample", "criteria")},
+                        )
+                    )
+        return played
+
+    in_memory, over_http = await transcripts("in-process"), await transcripts("process")
+    assert in_memory == over_http
+    assert {verdict["reward"] for _, _, verdict in in_memory} == {0.0, 1.0}
+    assert all(not ok for _, outputs, _ in in_memory for _, ok, _ in outputs[-1:])  # the wrong move is an error

@@ -154,7 +154,8 @@ async def test_a_broken_instance_costs_one_masked_episode_then_is_replaced(
 def test_the_time_limits_are_the_ones_configured(server: ServerProcess) -> None:
     """The limits the hang tests rely on are the server's own, as `--set` gave them, and shown on the pool."""
     limits = pool_status_of(server.url)["limits"]
-    assert (limits["tool_timeout_s"], limits["data_timeout_s"], limits["instances"]) == (TIME_LIMIT_S, TIME_LIMIT_S, 1)
+    assert (limits["tool_timeout_s"], limits["data_timeout_s"]) == (TIME_LIMIT_S, TIME_LIMIT_S)
+    assert (limits["min_instances"], limits["max_instances"]) == (1, 1)
 
 
 async def test_an_instance_killed_while_free_costs_no_episode(server: ServerProcess, row: dict[str, Any]) -> None:
@@ -174,7 +175,8 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
     kill, the one being started included) must go by itself, through its death pipe, within a few seconds. The
     client inside the hanging call gets an error, not a wait forever. (test_agentenv_server covers SIGKILL of an
     idle server.)"""
-    command = gymhost_command("serve", str(folder), "--port", "0", "--set", "source.instances=3")
+    three = ["--set", "source.instances=3", "--set", "source.max_instances=3"]
+    command = gymhost_command("serve", str(folder), "--port", "0", *three)
     with serving(command) as server:
         instances = {instance["pid"] for instance in pool_status_of(server.url)["instances"]}
         async with EpisodeClient(server.url) as stuck, EpisodeClient(server.url) as crashed:
@@ -189,7 +191,7 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
                 return alive_children if set(alive_children) - instances else []
 
             started = await await_for("the replacement's process is started", replacement_starting, interval=0.01)
-            assert pool_status_of(server.url)["repairing"] == 1, (
+            assert pool_status_of(server.url)["starting"] == 1, (
                 "the replacement was up before the kill: too slow a test"
             )
             assert len(started) == 3, started  # the hanging instance, the idle one, the replacement
@@ -202,8 +204,8 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
 
 def any_instance_hanging(base: str) -> bool:
     """Whether an instance's data/get (read through the server) says one of its tool calls is hanging."""
-    for index in range(len(pool_status_of(base)["instances"])):
-        data = httpx.get(f"{base}/agentenv/pool/{index}", timeout=10).json()["data"]
+    for instance in pool_status_of(base)["instances"]:
+        data = httpx.get(f"{base}/agentenv/pool/{instance['index']}", timeout=10).json()["data"]
         if data and data.get("hanging"):
             return True
     return False

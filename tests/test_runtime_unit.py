@@ -119,10 +119,8 @@ class FakePool:
             self.free.append(instance)
 
     def status(self) -> dict[str, Any]:
-        limits = {"instances": len(self.instances)}
-        return {"limits": limits, "instances": [], "lease_timeouts": 0, "instances_replaced": 0} | dict.fromkeys(
-            ("free", "leased", "resetting", "repairing", "waiting_seeds"), 0
-        )
+        limits = {"min_instances": len(self.instances), "max_instances": len(self.instances)}
+        return {"limits": limits, "instances": [], "free": len(self.free), "counters": {"lease_timeouts": 0}}
 
     async def instance_status(self, index: int) -> dict[str, Any] | None:
         return None

@@ -16,7 +16,7 @@ from ._config import DEFAULT_MAX_BODY_BYTES, NO_TOKEN, SERVERS, TOKEN_ENV_VAR, S
 from ._exceptions import GymhostError
 from ._serving import bind_socket, is_loopback, run_app, url_of
 from ._version import __version__
-from .agentenv._config import SourceConfig
+from .agentenv._config import DEFAULT_INSTANCES, SourceConfig, instance_range
 
 __all__ = ["main"]
 
@@ -41,6 +41,15 @@ def _overrides(values: tuple[str, ...]) -> dict[str, Any]:
     container = OmegaConf.to_container(OmegaConf.from_dotlist(list(values)))
     assert isinstance(container, dict)
     return {str(key): value for key, value in container.items()}
+
+
+def _instances(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            instance_range(value, "process")
+        except ValueError as error:
+            raise click.BadParameter(str(error)) from None
+    return value
 
 
 class _WriteByDefault(click.Group):
@@ -200,10 +209,13 @@ def serve(
 @click.option("--url", "urls", multiple=True, metavar="URL", help="Another instance of a URL source. Repeatable.")
 @click.option(
     "--instances",
-    default=SourceConfig.model_fields["instances"].default,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Loopback instances of a bundle.",
+    default=None,
+    metavar="K|MIN:MAX",
+    callback=_instances,
+    help="A bundle's instances (= episodes at once): K for a fixed pool, MIN:MAX for one that grows on demand and "
+    "shrinks when idle. Default: "
+    + ", ".join(f"{low}:{high} {mode.replace('_', '-')}" for mode, (low, high) in DEFAULT_INSTANCES.items())
+    + ".",
 )
 @click.option(
     "--mode",
@@ -220,7 +232,7 @@ def write(
     split: str | None,
     tasks_file: str | None,
     urls: tuple[str, ...],
-    instances: int,
+    instances: str | None,
     mode: str,
     force: bool,
 ) -> None:

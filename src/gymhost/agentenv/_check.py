@@ -73,7 +73,7 @@ async def _check(folder: Path) -> list[RowCheck]:
     async with running_lifespan(app):
         transport = httpx.ASGITransport(app=app)
         runtime = server._running()
-        limit = asyncio.Semaphore(runtime.status()["limits"]["instances"])
+        limit = asyncio.Semaphore(runtime.status()["limits"]["min_instances"])  # the instances always up
 
         async def check_row(split: str, row: dict[str, Any]) -> RowCheck:
             _, task = runtime.find_task(row.get("split") or split, row["task_id"])

@@ -9,13 +9,48 @@ them, and everything below the server receives a frozen settings object instead 
 
 from __future__ import annotations
 
-from typing import Any, Literal, Self
+from typing import Any, Final, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["EpisodeFields", "EpisodeSettings", "PoolFields", "PoolSettings", "SourceConfig", "written_settings"]
+__all__ = [
+    "DEFAULT_INSTANCES",
+    "EpisodeFields",
+    "EpisodeSettings",
+    "PoolFields",
+    "PoolSettings",
+    "SourceConfig",
+    "instance_range",
+    "written_settings",
+]
 
 Mode = Literal["process", "in_process"]
+
+# What `gymhost write` gives a bundle when --instances is not said: (minimum, maximum) by mode. A training run keeps
+# hundreds of episodes open, each holding its instance while the model thinks, so the pool grows on demand:
+# - process: an instance process of the gridsim example is 64 MB resident (45 MB of it its own), so 128 of them are
+#   about 8 GiB, a third of the 24 GiB machines this is tested on; past that, seeds wait for releases;
+# - in_process: an idle in-process instance is about 150 KB, so the bound is CPU, not memory: 512.
+DEFAULT_INSTANCES: Final[dict[str, tuple[int, int]]] = {"process": (4, 128), "in_process": (4, 512)}
+
+
+def instance_range(value: int | str | None, mode: str) -> tuple[int, int]:
+    """``--instances`` as (minimum, maximum): ``K`` is a fixed pool of K, ``MIN:MAX`` grows and shrinks between
+    the two, nothing is the mode's default."""
+    if value is None:
+        return DEFAULT_INSTANCES[mode.replace("-", "_")]
+    if isinstance(value, int):
+        low, high = value, value
+    else:
+        text = value.strip()
+        low_text, colon, high_text = text.partition(":")
+        try:
+            low, high = int(low_text), int(high_text if colon else low_text)
+        except ValueError:
+            raise ValueError(f"instances {value!r}: expected a number K or MIN:MAX, like 4 or 4:128") from None
+    if low < 1 or high < low:
+        raise ValueError(f"instances {value!r}: expected 1 <= MIN <= MAX")
+    return low, high
 
 
 class SourceConfig(BaseModel):
@@ -28,8 +63,25 @@ class SourceConfig(BaseModel):
     mode: Mode = Field(
         default="process", description="bundle: one loopback process per instance, or instances inside the server"
     )
-    instances: int = Field(default=4, ge=1, description="bundle: how many instances (= concurrent episodes)")
+    instances: int = Field(
+        default=DEFAULT_INSTANCES["process"][0], ge=1, description="bundle: instances always up (the pool's minimum)"
+    )
+    max_instances: int | None = Field(
+        default=None, ge=1, description="bundle: the most instances (= concurrent episodes); unset: a fixed pool"
+    )
     urls: list[str] = Field(default_factory=list, description="urls: one base URL per independent instance")
+
+    @model_validator(mode="after")
+    def _maximum_above_minimum(self) -> Self:
+        if self.max_instances is not None and self.max_instances < self.instances:
+            raise ValueError(f"max_instances ({self.max_instances}) is below instances ({self.instances})")
+        return self
+
+    def bounds(self) -> tuple[int, int]:
+        """(minimum, maximum) instances: a URL source has exactly its URLs."""
+        if self.kind == "urls":
+            return len(self.urls), len(self.urls)
+        return self.instances, self.max_instances or self.instances
 
 
 class PoolFields(BaseModel):
@@ -41,6 +93,14 @@ class PoolFields(BaseModel):
         default=30.0, gt=0, description="the data plane's, the card's and grading extensions' limit"
     )
     startup_timeout_s: float = Field(default=60.0, gt=0, description="an instance's limit to come up")
+    # An RL run seeds in waves (a batch of rollouts, then a training step): long enough to keep instances across
+    # the gap between waves, short enough to give memory back when a run pauses.
+    instance_idle_s: float = Field(
+        default=300.0, gt=0, description="an instance free for this long is stopped, down to the minimum"
+    )
+    # Starting an instance process is mostly imports, a few hundred ms of CPU: a few at a time use the cores
+    # without starving the requests the server is serving meanwhile.
+    parallel_startups: int = Field(default=4, ge=1, description="instances started at once when the pool grows")
 
 
 class EpisodeFields(BaseModel):
@@ -77,5 +137,6 @@ def written_settings() -> list[tuple[str, Any, str]]:
     """``(name, default, description)`` of every limit, in the order ``gymhost write`` writes them."""
     fields = {**EpisodeFields.model_fields, **PoolFields.model_fields}
     order = ["role", "lease_timeout_s", "tool_timeout_s", "data_timeout_s", "startup_timeout_s", "idle_timeout_s"]
+    order += ["remember_s", "instance_idle_s", "parallel_startups"]
     order += [name for name in fields if name not in order]
     return [(name, fields[name].default, fields[name].description or "") for name in order]

@@ -49,6 +49,7 @@ from ._exceptions import (
     McpMalformedReplyError,
     McpSessionError,
 )
+from ._interfaces import ToolSession
 
 __all__ = ["EnvClient", "McpSession"]
 
@@ -121,7 +122,7 @@ class EnvClient:
     def mcp_url(self, card: dict[str, Any]) -> str:
         return f"{self.base_url}{mcp_path(card)}"
 
-    def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> McpSession:
+    def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> ToolSession:
         """An MCP session on this instance (not yet opened), over this instance's client."""
         return McpSession(self._http, mcp_path(card), role=role, timeout=timeout)
 

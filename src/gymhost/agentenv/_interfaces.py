@@ -17,10 +17,12 @@ __all__ = ["EnvironmentClient", "InstancePool", "LeasedInstance", "ToolSession"]
 
 
 class ToolSession(Protocol):
-    """One MCP session on an instance (``_env_client.McpSession``)."""
+    """One MCP session on an instance (``_env_client.McpSession`` over HTTP, ``_direct.DirectToolSession`` on an
+    in-process one)."""
 
     async def open(self) -> ToolSession: ...
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult: ...
+    async def list_tools(self) -> list[dict[str, Any]]: ...
     async def close(self) -> None: ...
 
 

@@ -30,13 +30,17 @@ import httpx
 from .._entrypoint import own_siblings
 from .._logging import fastmcp_leaves_logging_alone
 from ._config import PoolSettings
+from ._direct import DirectToolSession
 from ._env_client import EnvClient
 from ._exceptions import StartupError
+from ._interfaces import ToolSession
+from ._schema_cache import install as install_schema_cache
 
 __all__ = [
     "ENTRY",
     "READY",
     "BundleLauncher",
+    "InProcessClient",
     "InProcessLauncher",
     "Instance",
     "Launcher",
@@ -59,8 +63,10 @@ class Instance:
     hosted: _Hosted | None = None
     leased: bool = False
     healthy: bool = True
-    queued: bool = False  # in the pool's free queue, ready for the next lease
+    queued: bool = False  # in the pool's free list, ready for the next lease
+    retired: bool = False  # taken out of the pool: stopped on purpose, or broken and replaced
     episodes: int = 0
+    free_since: float = 0.0  # loop time it last became free: the pool stops the ones free too long
 
     @property
     def base_url(self) -> str:
@@ -83,15 +89,21 @@ class _Hosted:
 
 
 class Launcher(Protocol):
-    """Brings instance ``index`` up (again) and takes it down."""
+    """Brings instance ``index`` up and takes it down, and says when one ends by itself."""
 
     description: str
-    restarts: bool  # a broken instance is replaced (a bundle), or waited for (a URL)
+    # Whether it makes instances: a bundle's pool grows, shrinks and replaces broken ones; a URL's instances are
+    # someone else's, so a broken one is waited for.
+    restarts: bool
 
     async def launch(self, index: int, settings: PoolSettings) -> Instance: ...
 
     async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
         """Take it down; not ``graceful`` when it is broken, and a request stuck in it would only delay the end."""
+        ...
+
+    async def exited(self, instance: Instance) -> None:
+        """Return when the instance has ended, whoever ended it (never, for one this launcher cannot watch)."""
         ...
 
 
@@ -146,10 +158,28 @@ class UrlLauncher:
     async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
         await instance.client.aclose()
 
+    async def exited(self, instance: Instance) -> None:
+        await asyncio.Event().wait()  # a process elsewhere: its card going quiet is how the pool hears of it
+
+
+class InProcessClient(EnvClient):
+    """An in-process instance's client: the card and the data plane through an in-memory ASGI transport, tool calls
+    straight on its FastMCP server (``_direct``), with no HTTP in between."""
+
+    def __init__(
+        self, base_url: str, *, mcp_app: Any, transport: httpx.AsyncBaseTransport, data_timeout: float
+    ) -> None:
+        super().__init__(base_url, transport=transport, data_timeout=data_timeout)
+        self._mcp_app = mcp_app
+
+    def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> ToolSession:
+        return DirectToolSession(self._mcp_app, role=role, timeout=timeout)
+
 
 class InProcessLauncher:
-    """Instances of the bundle's environment class inside this process, each its own app behind an in-memory ASGI
-    transport: the same card, data plane and MCP endpoint as a process instance, without the process."""
+    """Instances of the bundle's environment class inside this process: the same card, data plane and tools as a
+    process instance, without the process. The card and data plane are reached through an in-memory ASGI transport,
+    tool calls directly on the server object (``InProcessClient``)."""
 
     restarts = True
 
@@ -162,16 +192,17 @@ class InProcessLauncher:
         if index == 0:
             _warn_about_blocking_handlers(environment_class)
         environment = environment_class()
+        install_schema_cache()
         with fastmcp_leaves_logging_alone():
-            app = environment.create_app().streamable_http_app()
+            mcp_app = environment.create_app()
+            app = mcp_app.streamable_http_app()
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         stop = asyncio.Event()
         task = asyncio.create_task(_host(app, started, stop), name=f"gymhost-env-instance-{index}")
         await started
         transport = httpx.ASGITransport(app=app)
-        client = EnvClient(
-            f"http://instance-{index}.in-process", transport=transport, data_timeout=settings.data_timeout_s
-        )
+        url = f"http://instance-{index}.in-process"
+        client = InProcessClient(url, mcp_app=mcp_app, transport=transport, data_timeout=settings.data_timeout_s)
         return Instance(index, client, hosted=_Hosted(task, stop))
 
     async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
@@ -184,6 +215,10 @@ class InProcessLauncher:
                 instance.hosted.task.cancel()
             except Exception as error:
                 logger.warning("in-process environment instance %s stopped with %r", instance.index, error)
+
+    async def exited(self, instance: Instance) -> None:
+        assert instance.hosted is not None
+        await asyncio.wait([instance.hosted.task])  # its app's lifespan ended: stopped, or crashed
 
 
 def _warn_about_blocking_handlers(environment_class: type[Any]) -> None:
@@ -260,6 +295,10 @@ class BundleLauncher:
             if not graceful:
                 _kill_now(instance.process)
             await _terminate(instance.process)
+
+    async def exited(self, instance: Instance) -> None:
+        assert instance.process is not None
+        await instance.process.wait()
 
 
 def _kill_now(process: asyncio.subprocess.Process) -> None:

@@ -2,16 +2,23 @@
 
 An agentenv environment keeps its state per instance, and its data plane takes no session id, so one instance
 hosts one episode at a time. The pool brings instances up (through a ``Launcher``, ``_launchers``), reads the card
-they share, leases them out reset and answering, takes them back after an episode, and repairs the ones that broke:
-a bundle instance is started again; an instance at a URL is probed until its card answers again. Until then it is
-out of rotation, so one broken instance costs capacity, not correctness. Whether an episode's end broke its
-instance is the pool's call (``_outcomes.breaks_instance``); the episode only says how it ended.
+they share, leases them out reset and answering, and takes them back after an episode. Whether an episode's end
+broke its instance is the pool's call (``_outcomes.breaks_instance``); the episode only says how it ended.
+
+It is elastic between a minimum and a maximum: a seed that finds no free instance starts one (a bounded number at a
+time) instead of waiting for a release, and instances free for longer than ``instance_idle_s`` are stopped, down to
+the minimum. It heals before anyone notices: an instance that exits is noticed when it exits (the launcher watches
+its process or task) and replaced, so a seed never takes a dead one; one that breaks in an episode is replaced when
+the episode gives it back. Instances at URLs are someone else's: the pool neither starts nor stops them, and one that
+stops answering is out of rotation until its card answers again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections import deque
 from typing import Any
 
 from .._exceptions import GymhostError
@@ -26,32 +33,42 @@ __all__ = ["Pool"]
 
 logger = logging.getLogger("gymhost.agentenv")
 
-_PROBE_INTERVAL_S = 1.0
-_CONGESTION_LOG_EVERY_S = 10.0  # at most one warning this often while seeds time out waiting for an instance
+_PROBE_INTERVAL_S = 1.0  # how often a broken URL instance is asked for its card
+_URL_CHECK_EVERY_S = 5.0  # how often a free URL instance is asked, so one that went quiet is out before a seed
+_START_RETRY_S = 1.0  # after a failed start, before the pool tries again
+_LOG_EVERY_S = 10.0  # at most one warning this often about seeds that waited in vain, or starts that failed
 
 
 class Pool:
-    def __init__(self, launcher: Launcher, size: int, settings: PoolSettings) -> None:
+    def __init__(self, launcher: Launcher, minimum: int, maximum: int, settings: PoolSettings) -> None:
         self.launcher = launcher
-        self.size = size
+        self.minimum = minimum
+        self.maximum = maximum if launcher.restarts else minimum
         self.settings = settings
         self.instances: list[Instance] = []
         self.card: dict[str, Any] = {}  # the environment's card, once started
         self.hidden_tools: set[str] = set()  # tools its tools/list hides from models
-        self.waiting = 0  # seeds waiting for an instance right now
-        self.lease_timeouts = 0
-        self.replaced = 0  # instances brought back after they broke
-        self._free: asyncio.Queue[Instance] = asyncio.Queue()
-        self._repairs: set[asyncio.Task[None]] = set()
+        self.counters = dict.fromkeys(
+            ("lease_timeouts", "instances_started", "instances_stopped", "instances_replaced", "start_failures"), 0
+        )
+        self._retired_leased: set[Instance] = set()  # retired while an episode held them: stopped on release
+        self._free: deque[Instance] = deque()  # the most recently freed last: it is leased first, the others age
+        self._waiters: deque[asyncio.Future[Instance]] = deque()
+        self._starting = 0  # starts asked for and not yet done, queued for a startup slot or launching
+        self._stopping_now = 0
+        self._startup_slots = asyncio.Semaphore(settings.parallel_startups)
+        self._next_index = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
-        self._timeouts_unlogged = 0
-        self._congestion_logged_at = float("-inf")
+        self._logged_at: dict[str, float] = {}
+        self._unlogged: dict[str, int] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Bring every instance up, check they are one environment, and read its card and hidden tools."""
-        results = await asyncio.gather(*(self._bring_up(index) for index in range(self.size)), return_exceptions=True)
+        """Bring the minimum up, check they are one environment, read its card and hidden tools, then keep the pool:
+        grow on demand, shrink when idle, replace what dies."""
+        results = await asyncio.gather(*(self._bring_up() for _ in range(self.minimum)), return_exceptions=True)
         self.instances = [result for result in results if isinstance(result, Instance)]
         failures = [result for result in results if isinstance(result, BaseException)]
         if failures:
@@ -59,130 +76,334 @@ class Pool:
             raise failures[0] if isinstance(failures[0], GymhostError) else StartupError(repr(failures[0]))
         try:
             cards = await asyncio.gather(*(instance.client.card() for instance in self.instances))
-            names = {card["name"] for card in cards}
-            tools = {tuple(sorted(tool.get("name", "") for tool in card_tools(card))) for card in cards}
-            if len(names) > 1 or len(tools) > 1:
+            if len({_identity(card) for card in cards}) > 1:
                 raise StartupError(
                     f"{self.launcher.description}: the instances are not the same environment "
-                    f"(names {sorted(names)}, tool sets {sorted(tools)})"
+                    f"(names and tool sets {sorted({_identity(card) for card in cards})})"
                 )
             self.hidden_tools = await self.instances[0].client.hidden_tools(cards[0])
         except BaseException:
             await self.stop()
             raise
         self.card = cards[0]
+        self.counters["instances_started"] += len(self.instances)
         for instance in self.instances:
-            self._make_free(instance)
+            self._watch(instance)
+            self._hand(instance)
+        self._background(self._maintain(), "gymhost-pool-maintenance")
         logger.info(
-            "%s: %d instance(s) up; a seed waits at most %gs for a free one (lease_timeout_s)",
+            "%s: %d instance(s) up, up to %d on demand; a seed waits at most %gs for one (lease_timeout_s)",
             self.launcher.description,
-            self.size,
+            len(self.instances),
+            self.maximum,
             self.settings.lease_timeout_s,
         )
 
     def begin_stop(self) -> None:
-        """From now on nothing is repaired or leased: the pool is going away."""
+        """From now on nothing is started, repaired or leased: the pool is going away."""
         self._stopping = True
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(PoolExhaustedError("the server is shutting down"))
 
     async def stop(self) -> None:
         self.begin_stop()
-        for repair in list(self._repairs):
-            repair.cancel()
-        await asyncio.gather(*self._repairs, return_exceptions=True)
-        await asyncio.gather(*(self.launcher.stop(instance) for instance in self.instances), return_exceptions=True)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        remaining = [*self.instances, *self._retired_leased]
+        for instance in remaining:
+            instance.retired = True
+        await asyncio.gather(*(self.launcher.stop(instance) for instance in remaining), return_exceptions=True)
 
     # -- leasing ------------------------------------------------------------------------------------------------
 
     async def lease(self) -> Instance:
-        """An instance that is reset and answering, waiting up to ``lease_timeout_s`` for a free one: the
-        backpressure a full pool puts on seeds.
+        """An instance that is reset and answering, waiting up to ``lease_timeout_s`` for one (started on demand, up
+        to the maximum): the backpressure a full pool puts on seeds.
 
-        One that died while it was free does not answer its reset: it goes to repair and the lease takes the next
-        free one (or the repaired one), so a fault between episodes costs no episode. An instance that answers the
-        reset with something else than success is released as that failure says, and the error raised.
+        One that does not answer its reset (it died between a check and the lease) is replaced and the lease takes
+        another, so a fault between episodes costs no episode. An instance that answers the reset with something
+        else than success is released as that failure says, and the error raised.
         """
-        for attempt in (1, 2):
-            instance = await self._take()
+        deadline = asyncio.get_running_loop().time() + self.settings.lease_timeout_s
+        while True:
+            instance = await self._take(deadline)
             try:
                 await instance.client.reset()
             except EnvUnavailableError as error:
-                self._send_to_repair(instance)
-                if attempt == 2:
-                    raise
                 logger.warning("environment instance %s did not answer: %s; leasing another", instance.index, error)
+                self._retire(instance)
                 continue
             except Exception as error:
                 await self.release(instance, classify(error, stage="seed"))
                 raise
             except BaseException:  # cancelled: the instance is not lost, and the cancellation goes on
-                self._send_to_repair(instance)
+                self._retire(instance)
                 raise
             return instance
-        raise AssertionError("unreachable")
 
     async def release(self, instance: Instance, failure: Failure | None) -> None:
         """Take the instance back after an episode that ended with ``failure`` (None: it ended well).
 
-        An instance the failure broke goes to repair; any other is reset and made free again, or goes to repair
-        when it will not reset. Whatever happens, even cancellation, it ends up free or in repair, never lost.
+        One the failure broke, or that died meanwhile, is replaced; any other is reset and made free again, or
+        replaced when it will not reset. Whatever happens, even cancellation, it ends up free or retired, never lost.
         """
         instance.leased = False
-        if breaks_instance(failure):
-            self._send_to_repair(instance)
+        if instance.retired:
+            if instance in self._retired_leased:
+                self._retired_leased.discard(instance)
+                self._background(self.launcher.stop(instance, graceful=False), "gymhost-instance-stop")
+            return
+        if breaks_instance(failure) or not instance.healthy:
+            self._retire(instance)
             return
         try:
             # Also while the pool stops: an instance at a URL outlives this server, and must not keep the episode.
             await instance.client.reset()
-        except Exception as error:  # whatever an instance answers, it goes to repair and the caller goes on
-            self._send_to_repair(instance)
+        except Exception as error:  # whatever an instance answers, it is replaced and the caller goes on
             logger.warning("environment instance %s did not reset after its episode: %r", instance.index, error)
+            self._retire(instance)
         except BaseException:
-            self._send_to_repair(instance)
+            self._retire(instance)
             raise
         else:
-            if not self._stopping:
-                self._make_free(instance)
+            if not self._stopping and not instance.retired:
+                self._hand(instance)
 
-    async def _take(self) -> Instance:
+    async def _take(self, deadline: float) -> Instance:
         if self._stopping:
             raise PoolExhaustedError("the server is shutting down")
-        self.waiting += 1
+        if self._free:
+            instance = self._free.pop()
+            instance.queued = False
+            self._lend(instance)
+            return instance
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Instance] = loop.create_future()
+        self._waiters.append(waiter)
+        self._grow()
         try:
-            instance = await asyncio.wait_for(self._free.get(), self.settings.lease_timeout_s)
+            return await asyncio.wait_for(asyncio.shield(waiter), max(0.0, deadline - loop.time()))
         except TimeoutError:
-            self._count_timeout()
-            raise PoolExhaustedError(
-                f"no environment instance became free within lease_timeout_s={self.settings.lease_timeout_s:g}s: "
-                f"all {self.size} instances (source.instances) are in episodes or being repaired, and "
-                f"{self.waiting - 1} other seeds are waiting; retry later, or raise source.instances"
-            ) from None
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                return waiter.result()  # handed over in the same instant
+            waiter.cancel()
+            self._count("lease_timeouts", self._exhausted_message())
+            raise PoolExhaustedError(self._exhausted_message()) from None
+        except BaseException:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._hand(waiter.result())  # cancelled after it was handed one: it goes to the next seed
+            waiter.cancel()
+            raise
         finally:
-            self.waiting -= 1
-        instance.queued = False
+            with contextlib.suppress(ValueError):
+                self._waiters.remove(waiter)
+
+    def _lend(self, instance: Instance) -> None:
         instance.leased = True
         instance.episodes += 1
-        return instance
 
-    def _count_timeout(self) -> None:
-        self.lease_timeouts += 1
-        self._timeouts_unlogged += 1
-        now = asyncio.get_running_loop().time()
-        if now - self._congestion_logged_at >= _CONGESTION_LOG_EVERY_S:
-            logger.warning(
-                "%d seed(s) found no free environment instance within lease_timeout_s=%gs (pool of %d: %d leased, "
-                "%d repairing; %d seeds waiting)",
-                self._timeouts_unlogged,
-                self.settings.lease_timeout_s,
-                self.size,
-                sum(instance.leased for instance in self.instances),
-                sum(not instance.healthy for instance in self.instances),
-                self.waiting - 1,
-            )
-            self._timeouts_unlogged, self._congestion_logged_at = 0, now
-
-    def _make_free(self, instance: Instance) -> None:
+    def _hand(self, instance: Instance) -> None:
+        """A free instance goes to the seed that has waited longest, or to the free list."""
+        instance.free_since = asyncio.get_running_loop().time()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                self._lend(instance)
+                waiter.set_result(instance)
+                return
         instance.queued = True
-        self._free.put_nowait(instance)
+        self._free.append(instance)
+
+    def _exhausted_message(self) -> str:
+        waiting = max(0, len(self._waiters) - 1)
+        if self.launcher.restarts:
+            limit = (
+                f"all {self.maximum} instances (the maximum, source.max_instances) are in episodes or being "
+                f"replaced, and {waiting} other seeds are waiting; retry later, or raise source.max_instances "
+                f"(gymhost serve FOLDER --set source.max_instances=N)"
+            )
+        else:
+            limit = (
+                f"all {len(self.instances)} environment URLs (source.urls) are in episodes or not answering, and "
+                f"{waiting} other seeds are waiting; retry later, or add instances to source.urls"
+            )
+        return f"no environment instance became free within lease_timeout_s={self.settings.lease_timeout_s:g}s: {limit}"
+
+    # -- growing, shrinking, healing --------------------------------------------------------------------------------
+
+    def _healthy(self) -> int:
+        return sum(instance.healthy and not instance.retired for instance in self.instances)
+
+    def _grow(self) -> None:
+        """Start instances for the seeds waiting that no start already covers, up to the maximum; and keep the
+        minimum up."""
+        if self._stopping or not self.launcher.restarts:
+            return
+        wanted = max(len(self._waiters) - self._starting, self.minimum - self._healthy() - self._starting)
+        room = self.maximum - self._healthy() - self._starting
+        for _ in range(min(wanted, room)):
+            self._starting += 1
+            self._background(self._start_one(), "gymhost-instance-start")
+
+    async def _start_one(self) -> None:
+        try:
+            instance = await self._bring_up()
+        except Exception as error:
+            self._starting -= 1
+            self._count("start_failures", f"an environment instance did not start: {error}")
+            if not self._stopping:
+                await asyncio.sleep(_START_RETRY_S)
+                self._grow()
+            return
+        except BaseException:
+            self._starting -= 1
+            raise
+        self._starting -= 1
+        if self._stopping:
+            instance.retired = True
+            await self.launcher.stop(instance)
+            return
+        self.instances.append(instance)
+        self.counters["instances_started"] += 1
+        self._watch(instance)
+        self._hand(instance)  # should a release have come first, the idle check stops the extra one later
+
+    async def _bring_up(self) -> Instance:
+        """Launch one instance (a bounded number at a time) and wait until its card answers as the pool's does."""
+        async with self._startup_slots:
+            index, self._next_index = self._next_index, self._next_index + 1
+            instance = await self.launcher.launch(index, self.settings)
+            try:
+                card = await self._wait_for_card(instance)
+                if self.card and _identity(card) != _identity(self.card):
+                    raise StartupError(
+                        f"environment instance {index} is {_identity(card)}, not the pool's {_identity(self.card)}"
+                    )
+            except BaseException:
+                instance.retired = True
+                await self.launcher.stop(instance, graceful=False)
+                raise
+            return instance
+
+    async def _wait_for_card(self, instance: Instance) -> dict[str, Any]:
+        deadline = asyncio.get_running_loop().time() + self.settings.startup_timeout_s
+        while True:
+            try:
+                return await instance.client.card()
+            except (EnvUnavailableError, DataPlaneError) as error:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise StartupError(
+                        f"environment instance {instance.index}: its card did not answer: {error}"
+                    ) from None
+                await asyncio.sleep(0.05)
+
+    def _watch(self, instance: Instance) -> None:
+        async def watch() -> None:
+            await self.launcher.exited(instance)
+            if not instance.retired and not self._stopping:
+                logger.warning("environment instance %s ended by itself; replacing it", instance.index)
+                self._retire(instance)
+
+        self._background(watch(), f"gymhost-instance-{instance.index}-watch")
+
+    def _retire(self, instance: Instance) -> None:
+        """Out of rotation at once: a bundle's instance is stopped and replaced as needed; one at a URL is probed
+        until its card answers again. An episode still holding it finds out on its next call."""
+        if instance.retired or self._stopping:
+            instance.healthy = False
+            return
+        if instance.queued:
+            instance.queued = False
+            with contextlib.suppress(ValueError):
+                self._free.remove(instance)
+        instance.healthy = False
+        if not self.launcher.restarts:
+            self._background(self._probe_until_back(instance), f"gymhost-instance-{instance.index}-probe")
+            return
+        instance.retired = True
+        self.instances.remove(instance)
+        self.counters["instances_replaced"] += 1
+        if instance.leased:
+            # Its episode learns of it on its next call, as an unreachable environment; closing the client under
+            # the episode would turn that into an error of gymhost's own.
+            self._retired_leased.add(instance)
+        else:
+            self._background(self.launcher.stop(instance, graceful=False), f"gymhost-instance-{instance.index}-stop")
+        self._grow()
+
+    async def _probe_until_back(self, broken: Instance) -> None:
+        while not self._stopping:
+            try:
+                await broken.client.card()
+                await broken.client.reset()
+            except Exception as error:  # whatever it answers, keep trying
+                logger.warning("environment instance %s is still down: %r", broken.index, error)
+                await asyncio.sleep(_PROBE_INTERVAL_S)
+                continue
+            broken.healthy = True
+            self.counters["instances_replaced"] += 1
+            logger.info("environment instance %s is back", broken.index)
+            if not broken.leased:
+                self._hand(broken)
+            return
+
+    async def _maintain(self) -> None:
+        """Every so often: stop instances free for longer than ``instance_idle_s`` (the least recently used first,
+        down to the minimum), and ask free URL instances for their card, so one that went quiet is out of rotation
+        before a seed takes it."""
+        interval = max(0.25, min(_URL_CHECK_EVERY_S, self.settings.instance_idle_s / 4))
+        checked_at = 0.0
+        while True:
+            await asyncio.sleep(interval)
+            now = asyncio.get_running_loop().time()
+            while (
+                self.launcher.restarts
+                and self._free
+                and self._healthy() > self.minimum
+                and now - self._free[0].free_since >= self.settings.instance_idle_s
+            ):
+                idle = self._free.popleft()
+                idle.queued, idle.retired = False, True
+                self.instances.remove(idle)
+                self.counters["instances_stopped"] += 1
+                self._background(self._stop_idle(idle), "gymhost-instance-stop")
+            if not self.launcher.restarts and now - checked_at >= _URL_CHECK_EVERY_S:
+                checked_at = now
+                for instance in list(self._free):
+                    self._background(self._check(instance), f"gymhost-instance-{instance.index}-check")
+            self._grow()  # the minimum, should a start have failed
+
+    async def _stop_idle(self, instance: Instance) -> None:
+        self._stopping_now += 1
+        try:
+            await self.launcher.stop(instance)
+        finally:
+            self._stopping_now -= 1
+
+    async def _check(self, instance: Instance) -> None:
+        try:
+            await instance.client.card()
+        except Exception as error:
+            if instance.queued:
+                logger.warning("environment instance %s stopped answering: %r", instance.index, error)
+                self._retire(instance)
+
+    def _background(self, work: Any, name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _count(self, counter: str, message: str) -> None:
+        """Count an event, and log it at most once every ``_LOG_EVERY_S`` with how many happened since."""
+        self.counters[counter] += 1
+        self._unlogged[counter] = self._unlogged.get(counter, 0) + 1
+        now = asyncio.get_running_loop().time()
+        if now - self._logged_at.get(counter, float("-inf")) >= _LOG_EVERY_S:
+            logger.warning("%s (%d such since the last warning)", message, self._unlogged[counter])
+            self._logged_at[counter], self._unlogged[counter] = now, 0
 
     # -- what an operator sees -----------------------------------------------------------------------------------
 
@@ -191,27 +412,31 @@ class Pool:
         states = [instance["state"] for instance in instances]
         return {
             "limits": {
-                "instances": self.size,
+                "min_instances": self.minimum,
+                "max_instances": self.maximum,
+                "instance_idle_s": self.settings.instance_idle_s,
+                "parallel_startups": self.settings.parallel_startups,
                 "lease_timeout_s": self.settings.lease_timeout_s,
                 "data_timeout_s": self.settings.data_timeout_s,
                 "startup_timeout_s": self.settings.startup_timeout_s,
             },
             "instances": instances,
-            "free": self._free.qsize(),
+            "free": len(self._free),
             "leased": states.count("leased"),
             "resetting": states.count("resetting"),
             "repairing": states.count("repairing"),
-            "waiting_seeds": self.waiting,
-            "lease_timeouts": self.lease_timeouts,
-            "instances_replaced": self.replaced,
+            "starting": self._starting,
+            "stopping": self._stopping_now,
+            "waiting_seeds": len(self._waiters),
+            "counters": dict(self.counters),
         }
 
     async def instance_status(self, index: int) -> dict[str, Any] | None:
         """One instance's status and its state as ``data/get`` answers it: how an operator (or a test) sees that a
         released instance was reset, in-process instances included. None for no such instance."""
-        if not 0 <= index < len(self.instances):
+        instance = next((instance for instance in self.instances if instance.index == index), None)
+        if instance is None:
             return None
-        instance = self.instances[index]
         answer = instance.status()
         try:
             answer["data"] = merge_state(await instance.client.get())
@@ -219,56 +444,7 @@ class Pool:
             answer["data"], answer["error"] = None, str(error)
         return answer
 
-    # -- bringing instances up and back ----------------------------------------------------------------------------
 
-    def _send_to_repair(self, instance: Instance) -> None:
-        instance.healthy = False
-        if not self._stopping:
-            repair = asyncio.create_task(self._repair(instance), name=f"repair-instance-{instance.index}")
-            self._repairs.add(repair)
-            repair.add_done_callback(self._repairs.discard)
-
-    async def _bring_up(self, index: int) -> Instance:
-        instance = await self.launcher.launch(index, self.settings)
-        try:
-            await self._wait_for_card(instance)
-        except BaseException:
-            await self.launcher.stop(instance)
-            raise
-        return instance
-
-    async def _wait_for_card(self, instance: Instance) -> None:
-        deadline = asyncio.get_running_loop().time() + self.settings.startup_timeout_s
-        while True:
-            try:
-                await instance.client.card()
-                return
-            except (EnvUnavailableError, DataPlaneError) as error:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise StartupError(
-                        f"environment instance {instance.index}: its card did not answer: {error}"
-                    ) from None
-                await asyncio.sleep(0.05)
-
-    async def _repair(self, broken: Instance) -> None:
-        """Bring the instance back: a new process for a bundle, a probe until the card answers for a URL."""
-        while not self._stopping:
-            try:
-                if self.launcher.restarts:
-                    await self.launcher.stop(broken, graceful=False)
-                    fresh = await self._bring_up(broken.index)
-                    fresh.episodes = broken.episodes
-                    self.instances[self.instances.index(broken)] = fresh
-                    broken = fresh
-                else:
-                    await broken.client.card()
-                await broken.client.reset()
-            except Exception as error:  # an environment's constructor can raise anything; keep trying
-                logger.warning("environment instance %s is still down: %r", broken.index, error)
-                await asyncio.sleep(_PROBE_INTERVAL_S)
-                continue
-            broken.healthy = True
-            self.replaced += 1
-            logger.info("environment instance %s is back", broken.index)
-            self._make_free(broken)
-            return
+def _identity(card: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    """What makes two instances the same environment: the card's name and its tools."""
+    return str(card.get("name")), tuple(sorted(str(tool.get("name", "")) for tool in card_tools(card)))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ._exceptions import StartupError
 from ._launchers import READY, load_environment_class
+from ._schema_cache import install as install_schema_cache
 
 
 def _exit_when_parent_goes() -> None:
@@ -45,6 +46,7 @@ def main(argv: list[str]) -> None:
         environment = load_environment_class(Path(argv[0]).resolve())()
     except StartupError as error:
         raise SystemExit(str(error)) from None
+    install_schema_cache()  # an instance process validates its tools' results as an in-process instance does
     app = environment.create_app().streamable_http_app()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))

@@ -139,14 +139,10 @@ class Runtime:
                 "idle_timeout_s": self.settings.idle_timeout_s,
                 "remember_s": self.settings.remember_s,
             },
-            **{key: pool[key] for key in ("instances", "free", "leased", "resetting", "repairing", "waiting_seeds")},
+            **{key: value for key, value in pool.items() if key not in ("limits", "counters")},
             "open_episodes": len(self._episodes),
             "remembered": {"verdicts": len(self._verdicts) + len(self._answered), "closed": len(self._closed)},
-            "counters": {
-                **self.counters,
-                "lease_timeouts": pool["lease_timeouts"],
-                "instances_replaced": pool["instances_replaced"],
-            },
+            "counters": {**self.counters, **pool["counters"]},
         }
 
     # -- episodes -----------------------------------------------------------------------------------------------

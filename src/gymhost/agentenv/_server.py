@@ -116,9 +116,8 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         @asynccontextmanager
         async def environment(app_: FastAPI) -> AsyncIterator[None]:
             config = self.config
-            size = len(config.source.urls) if config.source.kind == "urls" else config.source.instances
             runtime = Runtime(
-                Pool(launcher, size, PoolSettings.of(config)),
+                Pool(launcher, *config.source.bounds(), PoolSettings.of(config)),
                 self._tasks,
                 config.environment,
                 EpisodeSettings.of(config),

@@ -65,7 +65,7 @@ async def _inspect_bundle(folder: Path, split: str | None) -> Source:
         if split not in tasks:
             raise SourceError(f"{bundle / 'tasks'}: no {split}.jsonl (splits: {', '.join(sorted(tasks))})")
         tasks, files = {split: tasks[split]}, {split: files[split]}
-    pool = Pool(BundleLauncher(bundle), 1, PoolSettings())  # one instance, with the limits a server has by default
+    pool = Pool(BundleLauncher(bundle), 1, 1, PoolSettings())  # one instance, with the limits a server has by default
     await pool.start()
     await pool.stop()
     return _checked(Source("bundle", pool.card, [], tasks, files, bundle=bundle), pool.hidden_tools)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ._catalog import responses_tool
-from ._config import SourceConfig, written_settings
+from ._config import SourceConfig, instance_range, written_settings
 from ._exceptions import WriteError
 from ._source import Source, inspect_source
 from ._tasks import Task
@@ -46,11 +46,14 @@ def write_folder(
     split: str | None = None,
     tasks_file: str | Path | None = None,
     urls: Sequence[str] = (),
-    instances: int = SourceConfig.model_fields["instances"].default,
+    instances: int | str | None = None,
     mode: str = SourceConfig.model_fields["mode"].default,
     force: bool = False,
 ) -> WrittenFolder:
     """Write ``root/resources_servers/<name>/`` for the environment at ``source`` (a bundle folder or a URL).
+
+    ``instances`` (a bundle's): ``K`` for a fixed pool of K, ``"MIN:MAX"`` for a pool that grows on demand and
+    shrinks when idle, None for the mode's default (``DEFAULT_INSTANCES``).
 
     Synchronous; from async code, ``await awrite_folder(...)`` with the same arguments.
     """
@@ -83,16 +86,18 @@ async def awrite_folder(
     split: str | None = None,
     tasks_file: str | Path | None = None,
     urls: Sequence[str] = (),
-    instances: int = SourceConfig.model_fields["instances"].default,
+    instances: int | str | None = None,
     mode: str = SourceConfig.model_fields["mode"].default,
     force: bool = False,
 ) -> WrittenFolder:
     """``write_folder`` for async code: the environment is started and asked for its card on the caller's loop."""
-    if instances < 1:
-        raise WriteError(f"instances must be at least 1, got {instances}")
     mode = mode.replace("-", "_")
     if mode not in ("process", "in_process"):
         raise WriteError(f"mode {mode!r}: expected process or in-process")
+    try:
+        bounds = instance_range(instances, mode)
+    except ValueError as error:
+        raise WriteError(str(error)) from None
     if name is not None and not _NAME.match(name):
         raise WriteError(f"--name {name!r}: expected lower-case letters, digits and _, starting with a letter")
     inspected = await inspect_source(
@@ -106,7 +111,7 @@ async def awrite_folder(
 
     scratch = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=target.parent))
     try:
-        rows = _write_contents(scratch, name, inspected, instances, mode)
+        rows = _write_contents(scratch, name, inspected, bounds, mode)
         if target.exists():
             old = target.with_name(f".{name}.replaced")
             shutil.rmtree(old, ignore_errors=True)
@@ -131,7 +136,7 @@ def _default_name(source: Source) -> str:
     return name
 
 
-def _write_contents(folder: Path, name: str, source: Source, instances: int, mode: str) -> dict[str, int]:
+def _write_contents(folder: Path, name: str, source: Source, instances: tuple[int, int], mode: str) -> dict[str, int]:
     (folder / "configs").mkdir()
     (folder / "data").mkdir()
     if source.bundle is not None:
@@ -194,13 +199,16 @@ if __name__ == "__main__":
 '''
 
 
-def _config_yaml(name: str, source: Source, instances: int, mode: str, tasks_path: str, rows: dict[str, int]) -> str:
+def _config_yaml(
+    name: str, source: Source, instances: tuple[int, int], mode: str, tasks_path: str, rows: dict[str, int]
+) -> str:
     q = json.dumps  # a JSON string is a valid YAML scalar
     if source.bundle is not None:
         source_block = f"""        kind: bundle
         path: bundle
         mode: {mode}
-        instances: {instances}"""
+        instances: {instances[0]}  # always up
+        max_instances: {instances[1]}  # the most at once: started on demand, stopped after instance_idle_s free"""
     else:
         urls = "\n".join(f"        - {q(url)}" for url in source.urls)
         source_block = f"""        kind: urls
