@@ -32,6 +32,7 @@ from gymhost.agentenv import awrite_folder, write_folder
 FAULTY_ENV = '''
 import asyncio
 import os
+import time
 from typing import Any
 
 from agentenv_protocol import AgentEnvEnvironment, DataPart, add_data, environment_card, get_data, reset_data, tool
@@ -64,6 +65,7 @@ class Breaking:
 @environment_card(name="faulty")
 class FaultyEnv(AgentEnvEnvironment):
     def __init__(self) -> None:
+        time.sleep(float(os.environ.get("FAULTY_START_DELAY", "0")))  # a slow start, when a test wants one
         self.count = 0
         self.hanging = False  # a tool call is hanging (data/get says so, for tests to see it is in progress)
         self.break_next: tuple[str, str] | None = None  # (path, "garbage" or "hang"): how its next reply breaks

@@ -164,3 +164,16 @@ def children(pid: int) -> list[int]:
             if int(fields[1]) == pid:
                 found.append(int(entry))
     return sorted(found)
+
+
+def parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[1])
+
+
+def descendants(pid: int) -> list[int]:
+    """Children, their children, and so on: a pool's template process and the instances it forked."""
+    found = []
+    for child in children(pid):
+        found += [child, *descendants(child)]
+    return sorted(found)

@@ -18,7 +18,7 @@ from gymhost import EpisodeClient
 from gymhost.agentenv import awrite_folder
 
 from .agentenv_helpers import COUNTER_ENV, make_bundle, pool_status, rows, served
-from .processes import alive, children
+from .processes import alive, children, parent
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -105,10 +105,12 @@ async def test_instances_free_past_instance_idle_s_are_stopped_down_to_the_minim
         assert len(status["instances"]) == 1, status
         assert status["counters"]["instances_stopped"] == 3
         kept = [status["instances"][0]["pid"]]
+        template = parent(kept[0])  # instances are forked from the pool's template process
+        assert children(os.getpid()) == [template]
         deadline = time.monotonic() + 10  # stopped gracefully, then reaped
-        while children(os.getpid()) != kept and time.monotonic() < deadline:
+        while children(template) != kept and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        assert children(os.getpid()) == kept, "the stopped instances' processes are gone, and reaped"
+        assert children(template) == kept, "the stopped instances' processes are gone, and reaped"
         assert not any(alive(pid) for pid in pids if pid not in kept)
         # The one left plays; the pool grows again when asked.
         again = await asyncio.gather(*(hold(transport, row) for _ in range(2)))

@@ -24,7 +24,16 @@ from gymhost import EpisodeClient
 
 from .agentenv_helpers import pool_status_of
 from .fault_helpers import await_for, is_failure_kind, play_right, the_row, wait_for, write_faulty
-from .processes import ServerProcess, alive, assert_stopped_cleanly, children, gymhost_command, serving
+from .processes import (
+    ServerProcess,
+    alive,
+    assert_stopped_cleanly,
+    children,
+    descendants,
+    gymhost_command,
+    parent,
+    serving,
+)
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -142,7 +151,8 @@ async def test_a_broken_instance_costs_one_masked_episode_then_is_replaced(
     after = the_free_instance(server)
     assert after["pid"] != before["pid"], "the broken instance was put back instead of replaced"
     wait_for(f"the broken instance {before['pid']} is gone", lambda: not alive(before["pid"]), timeout=10)
-    assert children(server.process.pid) == [after["pid"]]
+    template = parent(after["pid"])  # instances are forked from the pool's template process
+    assert descendants(server.process.pid) == sorted([template, after["pid"]])
     replayed = await play_right(server.url, row)
     assert (replayed["reward"], replayed["mask_sample"]) == (1.0, False), replayed
     now = pool_status_of(server.url)["counters"]
@@ -177,7 +187,9 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
     idle server.)"""
     three = ["--set", "source.instances=3", "--set", "source.max_instances=3"]
     command = gymhost_command("serve", str(folder), "--port", "0", *three)
-    with serving(command) as server:
+    # Instances take 2 s to start (after the fork, in the environment's constructor): the replacement is still
+    # starting when the server is killed.
+    with serving(command, env={"FAULTY_START_DELAY": "2"}) as server:
         instances = {instance["pid"] for instance in pool_status_of(server.url)["instances"]}
         async with EpisodeClient(server.url) as stuck, EpisodeClient(server.url) as crashed:
             await asyncio.gather(stuck.seed(row), crashed.seed(row))
@@ -186,15 +198,18 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
             await refused(crashed.call_tool("crash"))
             assert (await crashed.verify(row))["mask_sample"] is True  # its instance goes to be replaced
 
+            template = parent(next(iter(instances)))
+
             def replacement_starting() -> list[int]:
-                alive_children = [pid for pid in children(server.process.pid) if alive(pid)]
-                return alive_children if set(alive_children) - instances else []
+                alive_instances = [pid for pid in children(template) if alive(pid)]
+                return alive_instances if set(alive_instances) - instances else []
 
             started = await await_for("the replacement's process is started", replacement_starting, interval=0.01)
             assert pool_status_of(server.url)["starting"] == 1, (
                 "the replacement was up before the kill: too slow a test"
             )
             assert len(started) == 3, started  # the hanging instance, the idle one, the replacement
+            started.append(template)
             server.process.send_signal(signal.SIGKILL)
             server.process.wait(10)
             with pytest.raises(httpx.TransportError):

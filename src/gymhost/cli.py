@@ -222,7 +222,7 @@ def serve(
     type=click.Choice(["process", "in-process"]),
     default=SourceConfig.model_fields["mode"].default,
     show_default=True,
-    help="Bundle instances as loopback processes, or inside the server (for hundreds of episodes at once).",
+    help="Bundle instances as processes of their own, or inside the server (for thousands of episodes at once).",
 )
 @click.option("--force", is_flag=True, help="Replace the folder if it exists.")
 def write(

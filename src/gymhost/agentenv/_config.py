@@ -28,10 +28,11 @@ Mode = Literal["process", "in_process"]
 
 # What `gymhost write` gives a bundle when --instances is not said: (minimum, maximum) by mode. A training run keeps
 # hundreds of episodes open, each holding its instance while the model thinks, so the pool grows on demand:
-# - process: an instance process of the gridsim example is 64 MB resident (45 MB of it its own), so 128 of them are
-#   about 8 GiB, a third of the 24 GiB machines this is tested on; past that, seeds wait for releases;
+# - process: instances are forked from a template that imported the environment once; one of the gridsim example
+#   has about 15 MB of its own (proportional set size 16 MB), so 256 of them take about 4 GiB of the 24 GiB machines
+#   this is tested on, leaving room for environments heavier than gridsim; past that, seeds wait for releases;
 # - in_process: an idle in-process instance is about 150 KB, so the bound is CPU, not memory: 512.
-DEFAULT_INSTANCES: Final[dict[str, tuple[int, int]]] = {"process": (4, 128), "in_process": (4, 512)}
+DEFAULT_INSTANCES: Final[dict[str, tuple[int, int]]] = {"process": (4, 256), "in_process": (4, 512)}
 
 
 def instance_range(value: int | str | None, mode: str) -> tuple[int, int]:
@@ -61,7 +62,7 @@ class SourceConfig(BaseModel):
     kind: Literal["bundle", "urls"]
     path: str | None = Field(default=None, description="bundle: its folder, relative to the server folder")
     mode: Mode = Field(
-        default="process", description="bundle: one loopback process per instance, or instances inside the server"
+        default="process", description="bundle: one process per instance, or instances inside the server"
     )
     instances: int = Field(
         default=DEFAULT_INSTANCES["process"][0], ge=1, description="bundle: instances always up (the pool's minimum)"

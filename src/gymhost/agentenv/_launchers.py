@@ -2,8 +2,9 @@
 
 A ``Launcher`` brings one instance up and takes it down; the pool (``_pool``) decides when. Three kinds:
 
-- ``BundleLauncher``: one loopback process per instance (``_runner``). Each episode's environment is isolated in
-  its own process, as the protocol intends, at the price of a process (tens of MB) per concurrent episode.
+- ``BundleLauncher`` (``_processes``): one process per instance, forked from a template process that imported the
+  environment once (``_runner``). Each episode's environment is isolated in its own process, as the protocol
+  intends.
 - ``InProcessLauncher``: instances of the environment class inside the server, each reached through an in-memory
   ASGI transport. Same protocol, same behaviour, no process per episode: the way to hold hundreds of episodes.
 - ``UrlLauncher``: instances someone else runs.
@@ -12,13 +13,10 @@ A ``Launcher`` brings one instance up and takes it down; the pool (``_pool``) de
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import importlib.util
 import inspect
 import logging
-import os
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,11 +36,10 @@ from ._schema_cache import install as install_schema_cache
 
 __all__ = [
     "ENTRY",
-    "READY",
-    "BundleLauncher",
     "InProcessClient",
     "InProcessLauncher",
     "Instance",
+    "InstanceProcess",
     "Launcher",
     "UrlLauncher",
     "load_environment_class",
@@ -51,15 +48,25 @@ __all__ = [
 logger = logging.getLogger("gymhost.agentenv")
 
 ENTRY = "env.py"  # a bundle's environment module
-READY = "gymhost-env-ready"  # the first line ``_runner`` prints: READY <port>
 _STOP_GRACE_S = 5.0
+
+
+class InstanceProcess(Protocol):
+    """An instance's process, as the pool and its launcher handle it (``_processes``)."""
+
+    pid: int
+
+    def exited_now(self) -> bool: ...
+    async def wait(self) -> None: ...
+    def kill(self) -> None: ...
+    async def terminate(self) -> None: ...
 
 
 @dataclass(eq=False)
 class Instance:
     index: int
     client: EnvClient
-    process: asyncio.subprocess.Process | None = None
+    process: InstanceProcess | None = None
     hosted: _Hosted | None = None
     leased: bool = False
     healthy: bool = True
@@ -104,6 +111,10 @@ class Launcher(Protocol):
 
     async def exited(self, instance: Instance) -> None:
         """Return when the instance has ended, whoever ended it (never, for one this launcher cannot watch)."""
+        ...
+
+    async def close(self) -> None:
+        """After the last instance stopped: release what the launcher itself holds."""
         ...
 
 
@@ -160,6 +171,9 @@ class UrlLauncher:
 
     async def exited(self, instance: Instance) -> None:
         await asyncio.Event().wait()  # a process elsewhere: its card going quiet is how the pool hears of it
+
+    async def close(self) -> None:
+        pass
 
 
 class InProcessClient(EnvClient):
@@ -220,6 +234,9 @@ class InProcessLauncher:
         assert instance.hosted is not None
         await asyncio.wait([instance.hosted.task])  # its app's lifespan ended: stopped, or crashed
 
+    async def close(self) -> None:
+        pass
+
 
 def _warn_about_blocking_handlers(environment_class: type[Any]) -> None:
     """In-process, a handler that is not ``async`` runs on the server's event loop: while it runs, every episode
@@ -248,76 +265,3 @@ async def _host(app: Any, started: asyncio.Future[None], stop: asyncio.Event) ->
         if started.done():
             raise
         started.set_exception(StartupError(f"an in-process environment instance did not start: {error!r}"))
-
-
-class BundleLauncher:
-    """One loopback process per instance, running the bundle's environment through ``_runner``."""
-
-    restarts = True
-
-    def __init__(self, bundle: Path) -> None:
-        self.bundle = bundle
-        self.description = f"bundle {bundle}"
-
-    async def launch(self, index: int, settings: PoolSettings) -> Instance:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "gymhost.agentenv._runner",
-            str(self.bundle),
-            stdin=asyncio.subprocess.PIPE,  # the death pipe: never written, closed when this process goes
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        assert process.stdout is not None
-        try:
-            line = await asyncio.wait_for(process.stdout.readline(), settings.startup_timeout_s)
-        except TimeoutError:
-            await _terminate(process)
-            raise StartupError(
-                f"{self.bundle}/env.py: instance {index} did not start within {settings.startup_timeout_s:g}s"
-            ) from None
-        except BaseException:  # cancelled while it starts: it must not outlive us
-            _kill_now(process)
-            raise
-        words = line.decode(errors="replace").split()
-        if len(words) != 2 or words[0] != READY:
-            await _terminate(process)
-            raise StartupError(
-                f"{self.bundle}/env.py: instance {index} exited with status {process.returncode} before serving "
-                "(its error output is above)"
-            )
-        return Instance(index, EnvClient(f"http://127.0.0.1:{words[1]}", data_timeout=settings.data_timeout_s), process)
-
-    async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
-        await instance.client.aclose()
-        if instance.process is not None:
-            if not graceful:
-                _kill_now(instance.process)
-            await _terminate(instance.process)
-
-    async def exited(self, instance: Instance) -> None:
-        assert instance.process is not None
-        await instance.process.wait()
-
-
-def _kill_now(process: asyncio.subprocess.Process) -> None:
-    """No await, so it also works in a task that is being cancelled; the exited process is reaped by asyncio."""
-    with contextlib.suppress(ProcessLookupError):
-        process.kill()
-    if process.stdin is not None:
-        process.stdin.close()
-
-
-async def _terminate(process: asyncio.subprocess.Process) -> None:
-    if process.returncode is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-        try:
-            await asyncio.wait_for(process.wait(), _STOP_GRACE_S)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.kill()
-            await process.wait()
-    if process.stdin is not None:
-        process.stdin.close()

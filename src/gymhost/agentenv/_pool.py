@@ -116,6 +116,7 @@ class Pool:
         for instance in remaining:
             instance.retired = True
         await asyncio.gather(*(self.launcher.stop(instance) for instance in remaining), return_exceptions=True)
+        await self.launcher.close()
 
     # -- leasing ------------------------------------------------------------------------------------------------
 
@@ -294,6 +295,10 @@ class Pool:
             try:
                 return await instance.client.card()
             except (EnvUnavailableError, DataPlaneError) as error:
+                if instance.process is not None and instance.process.exited_now():
+                    raise StartupError(
+                        f"environment instance {instance.index} exited before serving (its error output is above)"
+                    ) from None
                 if asyncio.get_running_loop().time() > deadline:
                     raise StartupError(
                         f"environment instance {instance.index}: its card did not answer: {error}"

@@ -25,9 +25,10 @@ from .._exceptions import FolderError
 from .._lifespan import wrap_lifespan
 from ._config import EpisodeFields, EpisodeSettings, PoolFields, PoolSettings, SourceConfig
 from ._exceptions import EpisodeStateError, SessionConflictError, UnknownTaskError
-from ._launchers import ENTRY, BundleLauncher, InProcessLauncher, Launcher, UrlLauncher
+from ._launchers import ENTRY, InProcessLauncher, Launcher, UrlLauncher
 from ._outcomes import Verdict
 from ._pool import Pool
+from ._processes import BundleLauncher
 from ._runtime import Runtime
 from ._tasks import Task, load_task_folder
 

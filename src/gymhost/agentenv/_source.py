@@ -16,8 +16,9 @@ from ._catalog import check_tasks, policy_tools
 from ._config import PoolSettings
 from ._env_client import EnvClient
 from ._exceptions import DataPlaneError, EnvUnavailableError, SourceError
-from ._launchers import ENTRY, BundleLauncher
+from ._launchers import ENTRY
 from ._pool import Pool
+from ._processes import BundleLauncher
 from ._tasks import Task, load_task_folder, load_tasks
 
 __all__ = ["Source", "inspect_source"]
