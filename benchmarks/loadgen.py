@@ -4,12 +4,17 @@ object with what it measured.
     python loadgen.py episodes URL ROWS.jsonl --task long-corridor --concurrency 64 --episodes 640 [--looks 4]
     python loadgen.py mcp ENV_URL --concurrency 64 --calls 2560
     python loadgen.py hold URL ROWS.jsonl --task long-corridor --pid SERVER_PID --levels 100,250,500,750,1000
+    python loadgen.py think URL ROWS.jsonl --pid SERVER_PID --episodes 256 --think 0.5 --calls 4
+    python loadgen.py burst URL ROWS.jsonl --seeds 200
 
 ``episodes``: each worker plays whole episodes against a written gridsim server, the way a trainer does (seed with
 the row, keep its cookie, tool calls, verify), and times every call. ``mcp``: each worker opens one MCP session
 directly on an environment instance and makes tool calls: the same tool calls without gymhost in between.
 ``hold``: opens episodes and keeps them open, level by level, reading the server's resident memory and timing one
-tool call on every open episode at each level; then verifies them all.
+tool call on every open episode at each level; then verifies them all. ``think``: that many episodes at once, each
+waiting (a model's latency) before each of its tool calls, the way a training batch holds instances; watches the
+pool's size and the resident memory of the server and its instance processes. ``burst``: that many seeds at once,
+each episode verified as soon as it is seeded; the time until the last seed answered.
 """
 
 from __future__ import annotations
@@ -235,6 +240,91 @@ async def hold(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+async def think(args: argparse.Namespace) -> dict[str, Any]:
+    row = load_row(args.rows, args.task)
+    seeds: list[float] = []
+    errors: list[str] = []
+    peak = {"instances": 0, "rss_mb": 0.0}
+    done = asyncio.Event()
+
+    async def watch(http: aiohttp.ClientSession) -> None:
+        while not done.is_set():
+            async with http.get(f"{args.url}/agentenv/pool") as response:
+                status = await response.json()
+            peak["instances"] = max(peak["instances"], len(status["instances"]))
+            peak["rss_mb"] = max(peak["rss_mb"], tree_rss_mb(args.pid))
+            await asyncio.sleep(0.25)
+
+    async def one(http: aiohttp.ClientSession) -> None:
+        episode = Episode(http, args.url, row)
+        try:
+            await timed(seeds, episode.seed())
+            for _ in range(args.calls):
+                await asyncio.sleep(args.think)
+                await episode.tool("gridsim_look", {})
+            await episode.verify()
+        except Exception as error:
+            errors.append(repr(error)[:200])
+
+    async with session(args.episodes) as http:
+        watcher = asyncio.create_task(watch(http))
+        began = time.perf_counter()
+        await asyncio.gather(*(one(http) for _ in range(args.episodes)))
+        elapsed = time.perf_counter() - began
+        done.set()
+        await watcher
+    return {"episodes": args.episodes, "think_s": args.think, "calls": args.calls, "errors": len(errors),
+            "first_errors": errors[:3], "seconds": round(elapsed, 1), "seed": percentiles(seeds),
+            "peak_instances": peak["instances"], "peak_rss_mb": round(peak["rss_mb"], 1)}  # fmt: skip
+
+
+async def burst(args: argparse.Namespace) -> dict[str, Any]:
+    row = load_row(args.rows, args.task)
+    seeded_at: list[float] = []
+    errors: list[str] = []
+
+    async def one(http: aiohttp.ClientSession, began: float) -> None:
+        episode = Episode(http, args.url, row)
+        try:
+            await episode.seed()
+            seeded_at.append(time.perf_counter() - began)
+            await episode.verify()
+        except Exception as error:
+            errors.append(repr(error)[:200])
+
+    async with session(args.seeds) as http:
+        began = time.perf_counter()
+        await asyncio.gather(*(one(http, began) for _ in range(args.seeds)))
+    return {"seeds": args.seeds, "seeded": len(seeded_at), "errors": len(errors), "first_errors": errors[:3],
+            "last_seed_s": round(max(seeded_at, default=0.0), 2),
+            "median_seed_s": round(statistics.median(seeded_at), 2) if seeded_at else None}  # fmt: skip
+
+
+def tree_rss_mb(pid: int) -> float:
+    """The memory of a process and all its descendants (a server, its template process and the instances forked
+    from it), as proportional set sizes: a page several processes share counts once, split between them."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier]
+        tree.update(frontier)
+    total = 0.0
+    for member in tree:
+        try:
+            for line in Path(f"/proc/{member}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) / 1024
+        except OSError:
+            continue
+    return total
+
+
 async def timed(samples: list[float], work: Any) -> Any:
     began = time.perf_counter()
     result = await work
@@ -277,8 +367,21 @@ def main() -> None:
     keep.add_argument("--pid", type=int, required=True)
     keep.add_argument("--levels", default="100,250,500,750,1000")
     keep.add_argument("--batch", type=int, default=64)
+    pace = sub.add_parser("think")
+    pace.add_argument("url")
+    pace.add_argument("rows")
+    pace.add_argument("--task", default="long-corridor")
+    pace.add_argument("--pid", type=int, required=True)
+    pace.add_argument("--episodes", type=int, default=256)
+    pace.add_argument("--think", type=float, default=0.5)
+    pace.add_argument("--calls", type=int, default=4)
+    cold = sub.add_parser("burst")
+    cold.add_argument("url")
+    cold.add_argument("rows")
+    cold.add_argument("--task", default="long-corridor")
+    cold.add_argument("--seeds", type=int, default=200)
     args = parser.parse_args()
-    run = {"episodes": episodes, "mcp": mcp, "hold": hold}[args.mode]
+    run = {"episodes": episodes, "mcp": mcp, "hold": hold, "think": think, "burst": burst}[args.mode]
     json.dump(asyncio.run(run(args)), sys.stdout)
 
 

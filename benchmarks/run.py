@@ -9,8 +9,11 @@ the table in benchmarks/README.md.
 2. Episodes on the written gridsim server (in-process instances): seed, 4 tool calls, verify, from the load
    generator's process, at concurrency 1, 64, 256; against the same tool call made directly to a gridsim
    environment over MCP.
-3. Open episodes held by one server process (in-process instances), level by level up to 1,000: resident memory,
-   and one tool call on every open episode at each level.
+3. Open episodes held by one server process (in-process instances, started on demand), level by level up to
+   10,000: resident memory, and one tool call on every open episode at each level.
+4. Scale, on folders written with default options (the elastic pool): 256 episodes at once with a model's think
+   time before each tool call; a cold burst of 200 seeds on a pool at its minimum (both instance modes); process
+   mode at 64 concurrent episodes, with gymhost's own CPU time per bridged call.
 
 Run it with the nemo-gym 0.7.0 venv's Python (`make bench` does); `--quick` shortens every measurement.
 """
@@ -179,10 +182,18 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return chosen
 
 
-def write_gridsim(root: Path, instances: int) -> Path:
+def write_gridsim(root: Path, instances: int | str | None, mode: str = "in-process") -> Path:
+    """gridsim written as `gymhost write` writes it; ``instances`` None takes the mode's default (elastic)."""
     from gymhost.agentenv import write_folder
 
-    return write_folder(str(REPO / "examples" / "gridsim_v1"), root, mode="in-process", instances=instances).path
+    return write_folder(str(REPO / "examples" / "gridsim_v1"), root, mode=mode, instances=instances).path
+
+
+def gymhost_serve(folder: Path, port: int, *settings: str) -> list[str]:
+    command = [PYTHON, "-m", "gymhost", "serve", str(folder), "--port", str(port), "--log-level", "warning"]
+    for setting in settings:
+        command += ["--set", setting]
+    return command
 
 
 def loadgen(*args: str) -> dict[str, Any]:
@@ -199,8 +210,7 @@ def episodes(root: Path, scale: float) -> dict[str, Any]:
     through: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     direct: list[dict[str, Any]] = []
-    command = [PYTHON, "-m", "gymhost", "serve", str(folder), "--port", str(port), "--log-level", "warning"]
-    with server(command, url):
+    with server(gymhost_serve(folder, port), url):
         for c in CONCURRENCY:
             short = max(c, int((100 if c == 1 else 6 * c) * scale))
             through.append(loadgen("episodes", url, rows, "--concurrency", str(c), "--episodes", str(short),
@@ -230,32 +240,70 @@ def resident_mb(pid: int) -> float:
 
 
 def concurrency(root: Path, levels: str) -> dict[str, Any]:
+    """Open episodes held by one process: the pool starts the in-process instances as the episodes come, so the
+    memory an open episode costs is counted with its instance."""
     top = max(int(level) for level in levels.split(","))
-    instances = top + 50
-    # What an idle instance costs: the same server with one instance, against the one with all of them.
-    small = write_gridsim(root / "one", instances=1)
-    port = free_port()
-    with server([PYTHON, "-m", "gymhost", "serve", str(small), "--port", str(port), "--log-level", "warning"],
-                f"http://127.0.0.1:{port}") as process:  # fmt: skip
-        time.sleep(0.5)
-        one_instance_mb = resident_mb(process.pid)
-    folder = write_gridsim(root / "hold", instances=instances)
+    folder = write_gridsim(root / "hold", instances=f"50:{top + 50}")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [PYTHON, "-m", "gymhost", "serve", str(folder), "--port", str(port), "--log-level", "warning"]
     began = time.monotonic()
-    with server(command, url) as process:
+    with server(gymhost_serve(folder, port), url) as process:
         startup_s = round(time.monotonic() - began, 1)
         result = loadgen("hold", url, str(folder / "data" / "eval.jsonl"), "--pid", str(process.pid),
                          "--levels", levels, "--batch", "64")  # fmt: skip
-    result["instances"] = instances
+    result["max_instances"] = top + 50
     result["startup_s"] = startup_s
-    result["one_instance_rss_mb"] = round(one_instance_mb, 1)
-    result["rss_kb_per_instance"] = round((result["baseline_rss_mb"] - one_instance_mb) * 1024 / (instances - 1), 1)
     for level in result["levels"]:
         p99 = level["look"].get("p99_ms")
         print(f"  open episodes {level['open_episodes']}: {level['rss_mb']} MB, tool call p99 {p99} ms")
     return result
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of one process (not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def scale(root: Path, quick: bool) -> dict[str, Any]:
+    """The pool under a training run's load, on folders written with default options."""
+    episodes, burst = (64, 50) if quick else (256, 200)
+    out: dict[str, Any] = {}
+    folder = write_gridsim(root / "default", instances=None, mode="process")
+    rows = str(folder / "data" / "eval.jsonl")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with server(gymhost_serve(folder, port), url) as process:
+        out["think_time"] = loadgen("think", url, rows, "--pid", str(process.pid), "--episodes", str(episodes),
+                                    "--think", "0.5", "--calls", "4")  # fmt: skip
+        think = out["think_time"]
+        print(f"  think time, {episodes} episodes: {think['errors']} errors, peak {think['peak_instances']} instances,"
+              f" seed p50/p99 {think['seed'].get('p50_ms')}/{think['seed'].get('p99_ms')} ms,"
+              f" {think['peak_rss_mb']} MB")  # fmt: skip
+        # Process mode at 64 concurrent episodes of 40 calls, on a pool already grown to 64 (start-ups not timed).
+        loadgen("episodes", url, rows, "--concurrency", "64", "--episodes", "64", "--looks", "1", "--moves", "0")
+        calls = 64 if quick else 128
+        before = cpu_seconds(process.pid)
+        played = loadgen("episodes", url, rows, "--concurrency", "64", "--episodes", str(calls), "--looks", "40",
+                         "--moves", "0")  # fmt: skip
+        used = cpu_seconds(process.pid) - before
+        count = played["look"]["count"] + 2 * played["episodes"]  # tool calls, seeds and verifies
+        played["gymhost_cpu_ms_per_request"] = round(used * 1000 / max(1, count), 3)
+        played["calls_per_s"] = round(played["episodes_per_s"] * 40, 1)  # 40 tool calls an episode
+        out["process_mode_64"] = played
+        print(
+            f"  process mode, 64 episodes: {played['episodes_per_s']} episodes/s, tool call p50"
+            f" {played['look'].get('p50_ms')} ms, gymhost CPU {played['gymhost_cpu_ms_per_request']} ms/request"
+        )
+    for mode in ("process", "in-process"):
+        folder = write_gridsim(root / f"burst-{mode}", instances=None, mode=mode)
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with server(gymhost_serve(folder, port), url):
+            result = loadgen("burst", url, str(folder / "data" / "eval.jsonl"), "--seeds", str(burst))
+        out[f"cold_burst_{mode.replace('-', '_')}"] = result
+        print(f"  cold burst, {mode}: {result['seeded']}/{burst} seeded, last after {result['last_seed_s']} s")
+    return out
 
 
 def machine() -> dict[str, Any]:
@@ -297,9 +345,7 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
         out["max_open_episodes_without_errors"] = top["open_episodes"]
         held = results["concurrency"]
         per = (top["rss_mb"] - held["baseline_rss_mb"]) / max(1, top["open_episodes"])
-        out["rss_kb_per_open_episode"] = round(per * 1024, 1)
-        out["rss_kb_per_instance"] = held["rss_kb_per_instance"]
-        out["rss_kb_per_open_episode_with_its_instance"] = round(per * 1024 + held["rss_kb_per_instance"], 1)
+        out["rss_kb_per_open_episode_with_its_instance"] = round(per * 1024, 1)
     return out
 
 
@@ -309,16 +355,20 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("bench: wrk is not installed (Debian: apt-get install wrk); `make bench` installs it")
-    seconds, rounds, scale, levels = (1, 1, 0.25, "50,100") if args.quick else (4, 3, 1.0, "100,250,500,750,1000")
+    seconds, rounds, scale_by, levels = (
+        (1, 1, 0.25, "50,100") if args.quick else (4, 3, 1.0, "100,1000,2500,5000,7500,10000")
+    )
     results: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                                "machine": machine(), "quick": args.quick}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="gymhost-bench-") as scratch:
         print("tool calls (wrk):")
         results["tool_calls"] = tool_calls(seconds, rounds)
         print("episodes:")
-        results["episodes"] = episodes(Path(scratch), scale)
+        results["episodes"] = episodes(Path(scratch), scale_by)
         print("open episodes:")
         results["concurrency"] = concurrency(Path(scratch), levels)
+        print("scale:")
+        results["scale"] = scale(Path(scratch), args.quick)
     results["ratios"] = ratios(results)
     stamp = results["date"][:10] + ("-quick" if args.quick else "")
     (HERE / "results").mkdir(exist_ok=True)
