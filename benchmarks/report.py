@@ -12,6 +12,7 @@ NAMES = {
     "gym_launcher": "(b) Gym's own launcher (`python app.py`)",
     "gymhost_uvicorn": "(c) `gymhost serve` (uvicorn)",
     "gymhost_hypercorn": "(d) `gymhost serve --server hypercorn`",
+    "gymhost_no_http_metrics": "(c') `gymhost serve --no-http-metrics`",
 }
 
 
@@ -58,6 +59,15 @@ def targets(results: dict[str, Any]) -> list[str]:
         f"- {think.get('episodes')} episodes at once with 0.5 s of think time before each of 4 tool calls, on a folder"
         f" written with default options, 0 errors: {'met' if think and not think['errors'] else 'missed'}"
         f" ({think.get('errors')} errors).",
+        *(
+            [
+                "- HTTP metrics cost under 5% of tool-call throughput: "
+                + verdict(cost, min(cost) >= 0.95)
+                + " (throughput with / without them)."
+            ]
+            if (cost := [calls[c].get("with_vs_without_http_metrics") for c in levels]) and None not in cost
+            else []
+        ),
         "- A cold burst of seeds on a pool at its minimum, all seeded: "
         + ("met" if bursts and all(b["seeded"] == b["seeds"] for b in bursts) else "missed")
         + " ("
@@ -93,7 +103,10 @@ def tables(results: dict[str, Any], source: str) -> str:
         ("hypercorn_vs_gym_launcher", "gymhost (hypercorn) / Gym's launcher"),
         ("gymhost_vs_plain_fastapi", "gymhost (uvicorn) / plain FastAPI route"),
         ("plain_fastapi_vs_bare", "plain FastAPI route / bare limit"),
+        ("with_vs_without_http_metrics", "gymhost with / without HTTP metrics (target >= 0.95)"),
     ]:
+        if key not in ratios["tool_call_throughput"]["1"]:
+            continue  # a run from before this comparison
         lines.append(
             f"| {label} | " + " | ".join(str(ratios["tool_call_throughput"][c][key]) for c in ("1", "64", "256")) + " |"
         )

@@ -149,6 +149,7 @@ def tool_calls(seconds: int, rounds: int) -> dict[str, Any]:
         "plain_fastapi": lambda port: ([PYTHON, str(HERE / "fastapi_app.py"), str(port)], None, {}),
         "gym_launcher": lambda port: ([PYTHON, "app.py"], folder, gym_launcher_env(folder, port)),
         "gymhost_uvicorn": lambda port: ([*gymhost, "--port", str(port)], None, {}),
+        "gymhost_no_http_metrics": lambda port: ([*gymhost, "--port", str(port), "--no-http-metrics"], None, {}),
         "gymhost_hypercorn": lambda port: ([*gymhost, "--port", str(port), "--server", "hypercorn"], None, {}),
     }
     samples: dict[str, dict[int, list[dict[str, Any]]]] = {name: {c: [] for c in CONCURRENCY} for name in servers}
@@ -331,6 +332,7 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
             "gymhost_vs_plain_fastapi": round(gh / by["plain_fastapi"][c]["rps"], 2),
             "plain_fastapi_vs_bare": round(by["plain_fastapi"][c]["rps"] / by["bare_starlette"][c]["rps"], 2),
             "hypercorn_vs_gym_launcher": round(by["gymhost_hypercorn"][c]["rps"] / by["gym_launcher"][c]["rps"], 2),
+            "with_vs_without_http_metrics": round(gh / by["gymhost_no_http_metrics"][c]["rps"], 3),
         }
     episodes = results["episodes"]
     for through, direct in zip(episodes["tool_calls_through_gymhost"], episodes["direct_mcp"], strict=True):

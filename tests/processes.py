@@ -81,7 +81,8 @@ def serving(
     process = subprocess.Popen(
         list(command),
         cwd=cwd,
-        env={**os.environ, **(env or {})},
+        # A test stops its server with one SIGTERM: a short drain, unless the test drains on purpose (--drain-timeout).
+        env={**os.environ, "GYMHOST_DRAIN_TIMEOUT": "2", **(env or {})},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

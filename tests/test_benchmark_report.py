@@ -36,7 +36,7 @@ def test_the_readme_table_is_the_rendering_of_the_latest_run(tmp_path: Path) -> 
 
 def test_the_targets_say_met_or_missed_with_the_numbers() -> None:
     lines = [line for line in report.targets(latest_run()[1]) if line.startswith("- ")]
-    assert len(lines) == 8
+    assert len(lines) >= 8
     assert all(": met (" in line or ": missed (" in line for line in lines)
 
 

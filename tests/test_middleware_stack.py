@@ -29,12 +29,12 @@ def built_chain(app: Any) -> list[str]:
 
 def test_the_stack_is_the_documented_one(gym_root: Path, gym_version: tuple[int, ...]) -> None:
     app = create_app(gym_root / EXAMPLE, token=TOKEN)
-    ours = ["BearerTokenMiddleware", "RequestGuardMiddleware"]
+    ours = ["HttpMetricsMiddleware", "BearerTokenMiddleware", "RequestGuardMiddleware"]
     if gym_version >= (0, 5):
         gyms = ["DisconnectCancellationMiddleware", "ExceptionMiddleware", "MountedRolloutContextMiddleware"]
     else:
         gyms = ["ExceptionMiddleware"]
-    expected = ours + gyms + ["SessionMiddleware"]
+    expected = ours + gyms + ["SessionMiddleware", "SessionOwnershipMiddleware"]
     assert [m.cls.__name__ for m in app.user_middleware] == expected
     # Starlette and FastAPI put their own layers around the user's (error pages, telemetry) and below them (the
     # exception handlers): gymhost's run together, in the documented order.
@@ -45,10 +45,10 @@ def test_the_stack_is_the_documented_one(gym_root: Path, gym_version: tuple[int,
     assert "BaseHTTPMiddleware" not in chain, "every layer is pure ASGI"
 
 
-def test_without_a_token_the_guard_is_outermost(gym_root: Path) -> None:
+def test_without_a_token_or_http_metrics_the_guard_is_outermost(gym_root: Path) -> None:
     from gymhost import NO_TOKEN
 
-    app = create_app(gym_root / EXAMPLE, token=NO_TOKEN)
+    app = create_app(gym_root / EXAMPLE, token=NO_TOKEN, metrics=False)
     assert app.user_middleware[0].cls.__name__ == "RequestGuardMiddleware"
 
 

@@ -278,3 +278,29 @@ async def test_a_server_written_for_another_environment_refuses_to_start() -> No
     with pytest.raises(Exception, match="written for 'gridsim'"):
         await wrong.start()
     assert pool.stopped
+
+
+async def test_every_episode_ends_once_in_the_log_with_its_outcome(caplog: pytest.LogCaptureFixture) -> None:
+    """Verified, closed, expired or cut by the shutdown: one end line each, however many calls came after."""
+    caplog.set_level("INFO", logger="gymhost.episodes")
+    pool = FakePool(size=4)
+    episodes = await runtime(pool, idle_timeout_s=0.3)
+    for key in ("verified", "closed", "expired", "cut"):
+        await episodes.seed(key, None, TASK.id)
+    await episodes.call_tool("verified", "increment", {"by": 2})
+    await episodes.verify("verified", "")
+    await episodes.close("closed")
+    await episodes.close("closed")
+    await episodes.call_tool("verified", "increment", {})  # after its end: refused, and no second end
+    for _ in range(10):  # "cut" stays busy; "expired" goes idle past idle_timeout_s
+        await episodes.call_tool("cut", "increment", {})
+        await asyncio.sleep(0.1)
+    await episodes.stop()
+    ends = {record.session_id: (record.outcome, record.failure_kind, record.reward) for record in caplog.records}  # type: ignore[attr-defined]
+    assert len(caplog.records) == 4
+    assert ends == {
+        "verified": ("rewarded", None, 1.0),
+        "closed": ("closed", None, None),
+        "expired": ("masked", "session_expired", None),
+        "cut": ("masked", "shutdown", None),
+    }

@@ -70,6 +70,7 @@ def create_app(
     token: str | NoToken | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+    metrics: bool = True,
     **overrides: Any,
 ) -> FastAPI:
     """Build the ASGI app of the resources server in ``folder``.
@@ -82,13 +83,15 @@ def create_app(
 
     ``token``: every request but liveness probes must carry ``Authorization: Bearer <token>``; None reads
     ``GYMHOST_TOKEN`` (unset: no check), ``NO_TOKEN`` turns the check off. Bodies above ``max_body_bytes`` answer
-    413; JSON nested deeper than ``max_json_depth``, or holding a lone surrogate escape, answers 400. The
-    middleware stack this builds is ``gymhost.middleware.stack.middleware_stack``'s.
+    413; JSON nested deeper than ``max_json_depth``, or holding a lone surrogate escape, answers 400. ``metrics``
+    False leaves out the per-request HTTP metrics (``/metrics`` still serves the rest). The middleware stack this
+    builds is ``gymhost.middleware.stack.middleware_stack``'s; ``/readyz`` and ``/metrics`` are ``_operating``'s.
     """
     version = require_nemo_gym()
     required = resolve_token(token)
     from ._entrypoint import find_server_class, import_entrypoint
     from ._mcp_tokens import secret_mcp_tokens, signing_mcp_tokens_with_secret
+    from ._operating import operate
     from ._server_client import build_server_client, own_aiohttp_client, referenced_servers, seed_global_config
     from ._validation_errors import install_validation_errors
     from .middleware.stack import install_middleware
@@ -118,15 +121,22 @@ def create_app(
     server.setup_exception_middleware(app)
     if hasattr(server, "setup_cancellation_middleware"):  # 0.5+: outermost, as run_webserver installs it
         server.setup_cancellation_middleware(app)
+    own_aiohttp_client(app, global_config)
+    operations = operate(app, server)  # after every other lifespan wrapper: ready means all of it started
     install_middleware(
         app,
         server_key=server.get_session_middleware_key(),
         token=required,
         max_body_bytes=max_body_bytes,
         max_json_depth=max_json_depth,
+        metrics=metrics,
+        ownership={
+            "masked_verdicts": _verdicts_can_be_masked(),
+            "metrics": operations.metrics,
+            "tracker": operations.tracker,
+        },
     )
     install_validation_errors(app)
-    own_aiohttp_client(app, global_config)
     app.state.gymhost = HostedServer(spec=spec, server=server, nemo_gym_version=version)
 
     unmapped = sorted(set(referenced_servers(spec.block)) - set(urls))
@@ -137,6 +147,13 @@ def create_app(
             ", ".join(unmapped),
         )
     return app
+
+
+def _verdicts_can_be_masked() -> bool:
+    """Whether this nemo-gym's verify answer has ``mask_sample`` (0.5+; 0.4.0 has only ``reward``)."""
+    from nemo_gym.base_resources_server import BaseVerifyResponse
+
+    return "mask_sample" in BaseVerifyResponse.model_fields
 
 
 def _validate_config(spec: ServerSpec, server_class: type[Any], name: str) -> Any:

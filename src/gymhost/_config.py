@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_MAX_JSON_DEPTH",
     "FOLDER_ENV_VAR",
     "NO_TOKEN",
+    "REPLICA_ENV_VAR",
     "SECRET_ENV_VAR",
     "SERVERS",
     "TOKEN_ENV_VAR",
@@ -30,6 +31,7 @@ DEFAULT_MAX_BODY_BYTES: Final = 32 * 1024 * 1024  # a long multi-turn transcript
 DEFAULT_MAX_JSON_DEPTH: Final = 128  # tool schemas and transcripts nest tens deep; Python's recursion breaks near 1,000
 
 TOKEN_ENV_VAR: Final = "GYMHOST_TOKEN"
+REPLICA_ENV_VAR: Final = "GYMHOST_REPLICA_ID"
 SECRET_ENV_VAR: Final = "GYMHOST_SECRET"
 FOLDER_ENV_VAR: Final = "GYMHOST_FOLDER"
 
@@ -62,3 +64,8 @@ class ServeConfig:
     # On SIGTERM or SIGINT, requests in flight get this long to finish; then they are cancelled and the app's
     # lifespan shuts down (a written agent environment ends its open episodes and stops its instances).
     graceful_timeout: int = 30
+    # On SIGTERM or SIGINT the process first drains: no new episodes, open ones go on until they end or this passes.
+    # Long enough for an episode with a model thinking between tool calls to finish; a Kubernetes pod needs
+    # terminationGracePeriodSeconds above drain_timeout + graceful_timeout (deploy/ uses 160).
+    drain_timeout: int = 120
+    log_format: Literal["text", "json"] = "text"

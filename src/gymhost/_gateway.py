@@ -22,6 +22,7 @@ from ._app import GYM_ROUTE_NAMES, create_app
 from ._config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, NO_TOKEN, NoToken
 from ._exceptions import FolderError, GatewayError
 from ._lifespan_runner import has_lifespan, running_lifespan
+from ._operating import add_operating_routes
 from .middleware.auth import LIVENESS_PATHS, BearerTokenMiddleware, resolve_token
 
 __all__ = ["create_gateway", "find_servers", "is_gym_root", "mounted_lifespan"]
@@ -38,6 +39,8 @@ async def mounted_lifespan(app: Any) -> AsyncIterator[None]:
     async with AsyncExitStack() as stack:
         for route in app.router.routes:
             if isinstance(route, Mount) and has_lifespan(route.app):
+                child: Any = route.app
+                child.state.gymhost_mount = route.path  # its metrics carry the mount (``_operating``)
                 await stack.enter_async_context(running_lifespan(route.app))
         yield
 
@@ -67,14 +70,16 @@ def create_gateway(
     token: str | NoToken | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+    metrics: bool = True,
 ) -> Any:
     """A FastAPI app with each server mounted at its prefix and their lifespans run by its own.
 
     ``servers`` maps prefixes (``"/gridsim"``) to folders or to apps already built with ``create_app``; a path
     instead of a mapping is a Gym root, every ``resources_servers/<name>/`` mounted at ``/<name>``. The result is an
     ordinary FastAPI app: add routes, middleware or more mounts to it. ``GET /`` lists the servers and their tools;
-    ``GET /health`` is the gateway's liveness. ``token``, ``max_body_bytes`` and ``max_json_depth`` are
-    ``create_app``'s; the token guards the gateway's own routes and every mount, liveness probes excepted.
+    ``GET /health`` is the gateway's liveness, ``GET /readyz`` its readiness (every mount ready), ``GET /metrics``
+    every mount's metrics. ``token``, ``max_body_bytes`` and ``max_json_depth`` are ``create_app``'s; the token
+    guards the gateway's own routes and every mount, liveness probes excepted.
     """
     from fastapi import FastAPI
 
@@ -100,6 +105,7 @@ def create_gateway(
                 token=NO_TOKEN,  # the gateway checks it, for every mount
                 max_body_bytes=max_body_bytes,
                 max_json_depth=max_json_depth,
+                metrics=metrics,
             )
         mounted[prefix] = value
         gateway.mount(prefix, value)
@@ -112,9 +118,12 @@ def create_gateway(
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    gateway.state.gymhost_mounts = mounted  # /readyz: ready when every mount is
+    add_operating_routes(gateway)  # /readyz and /metrics for the whole gateway, every mount labelled
+
     if required is not None:
         # The mounts' own liveness probes stay open through the gateway, as they are when served alone.
-        open_paths = {"/health"} | {prefix + path for prefix in mounted for path in LIVENESS_PATHS | {""}}
+        open_paths = {"/health", "/readyz"} | {prefix + path for prefix in mounted for path in LIVENESS_PATHS | {""}}
         gateway.add_middleware(BearerTokenMiddleware, token=required, open_paths=open_paths)
     return gateway
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-__all__ = ["wrap_lifespan"]
+__all__ = ["on_lifespan", "wrap_lifespan"]
 
 
 def wrap_lifespan(app: Any, around: Callable[[Any], AbstractAsyncContextManager[None]]) -> None:
@@ -23,5 +23,22 @@ def wrap_lifespan(app: Any, around: Callable[[Any], AbstractAsyncContextManager[
     async def lifespan(app_: Any) -> AsyncIterator[Any]:
         async with around(app_), inner(app_) as state:
             yield state
+
+    app.router.lifespan_context = lifespan
+
+
+def on_lifespan(app: Any, started: Callable[[Any], None], stopping: Callable[[Any], None]) -> None:
+    """Call ``started(app)`` once everything the app's lifespan starts is up, and ``stopping(app)`` before any of it
+    stops: for what depends on the whole app being there (its readiness)."""
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app_: Any) -> AsyncIterator[Any]:
+        async with inner(app_) as state:
+            started(app_)
+            try:
+                yield state
+            finally:
+                stopping(app_)
 
     app.router.lifespan_context = lifespan

@@ -25,6 +25,7 @@ def load_app(
     token: str | NoToken | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+    metrics: bool = True,
     config_key: str | None = None,
     address: tuple[str, int] | None = None,
     **overrides: Any,
@@ -33,7 +34,12 @@ def load_app(
     server at ``/<name>``; else ``create_app(path)``. ``config_key`` and ``overrides`` name one server's config, so
     they are refused for a root. ``address``: the host and port the server listens on, which a single server is
     told (its config's ``host`` and ``port``)."""
-    guards: dict[str, Any] = {"token": token, "max_body_bytes": max_body_bytes, "max_json_depth": max_json_depth}
+    guards: dict[str, Any] = {
+        "token": token,
+        "max_body_bytes": max_body_bytes,
+        "max_json_depth": max_json_depth,
+        "metrics": metrics,
+    }
     if is_gym_root(path):
         if config_key is not None or overrides:
             given = ", ".join(["config_key", *overrides] if config_key is not None else overrides)

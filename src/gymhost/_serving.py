@@ -12,15 +12,24 @@ import asyncio
 import errno
 import gc
 import ipaddress
+import logging
 import os
+import signal
 import socket
+import time
 from typing import Any
 
 from ._config import SERVERS, ServeConfig
 from ._exceptions import ServeError
 from ._lifespan_runner import LifespanRunner
+from ._logging import logging_config
+from ._process import process_state
 
-__all__ = ["bind_socket", "freeze_imported_heap", "is_loopback", "run_app", "url_of"]
+logger = logging.getLogger("gymhost")
+
+_DRAIN_POLL_S = 0.2
+
+__all__ = ["bind_socket", "drain", "freeze_imported_heap", "is_loopback", "run_app", "url_of"]
 
 
 def freeze_imported_heap() -> None:
@@ -89,9 +98,10 @@ def run_app(app: Any, sock: socket.socket, config: ServeConfig) -> None:
 def _run_uvicorn(app: Any, sock: socket.socket, config: ServeConfig) -> None:
     import uvicorn
 
-    server = uvicorn.Server(
+    server = _DrainingUvicorn(
         uvicorn.Config(
             app,
+            log_config=logging_config(config.log_format, config.log_level),
             log_level=config.log_level,
             access_log=config.access_log,
             timeout_keep_alive=config.timeout_keep_alive,
@@ -100,11 +110,70 @@ def _run_uvicorn(app: Any, sock: socket.socket, config: ServeConfig) -> None:
             # "auto" picks httptools and uvloop, both gymhost dependencies: several times h11 and asyncio's speed.
             http="auto",
             loop="auto",
-        )
+        ),
+        drain_timeout=config.drain_timeout,
     )
     server.run(sockets=[sock])
     if not server.started:
         raise ServeError("uvicorn stopped before serving; its log above says why")
+
+
+def _uvicorn_server() -> type[Any]:
+    import uvicorn
+
+    return uvicorn.Server
+
+
+class _DrainingUvicorn(_uvicorn_server()):  # type: ignore[misc]
+    """uvicorn's server, with a drain before its shutdown: the first SIGTERM or SIGINT drains (``drain``), and
+    uvicorn's own graceful shutdown starts when that ends; a second signal stops at once, as uvicorn's does."""
+
+    def __init__(self, config: Any, *, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.drain_timeout = drain_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._draining = False
+
+    async def startup(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets=sockets)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        getattr(self, "_captured_signals", []).append(sig)  # uvicorn re-raises it once it has shut down
+        if self._draining or self._loop is None:
+            self.should_exit = True
+            self.force_exit = self._draining
+            return
+        self._draining = True
+        loop = self._loop
+
+        def begin() -> None:
+            loop.create_task(self._drain())
+
+        loop.call_soon_threadsafe(begin)
+
+    async def _drain(self) -> None:
+        await drain(self.drain_timeout)
+        self.should_exit = True
+
+
+async def drain(timeout: float) -> None:
+    """Take no new episodes, and wait until the open ones have ended or ``timeout`` has passed."""
+    process_state.begin_drain()
+    open_now = process_state.open_episodes()
+    logger.warning(
+        "draining: no new episodes; waiting up to %gs for %d open episode(s) to end (a second signal stops at once)",
+        timeout,
+        open_now,
+    )
+    deadline = time.monotonic() + timeout
+    while open_now and time.monotonic() < deadline:
+        await asyncio.sleep(_DRAIN_POLL_S)
+        open_now = process_state.open_episodes()
+    if open_now:
+        logger.warning("drain timeout: %d episode(s) still open end masked as shutdown", open_now)
+    else:
+        logger.warning("drained: every open episode has ended")
 
 
 def _run_hypercorn(app: Any, sock: socket.socket, config: ServeConfig) -> None:
@@ -121,8 +190,31 @@ def _run_hypercorn(app: Any, sock: socket.socket, config: ServeConfig) -> None:
     hypercorn_config.keep_alive_timeout = config.timeout_keep_alive
     hypercorn_config.graceful_timeout = config.graceful_timeout
     hypercorn_config.accesslog = "-" if config.access_log else None
-    # Without a shutdown trigger, hypercorn's serve() installs its own SIGINT/SIGTERM handlers.
-    asyncio.run(serve(app, hypercorn_config), loop_factory=_uvloop_factory())
+    hypercorn_config.logconfig_dict = logging_config(config.log_format, config.log_level)
+
+    async def main() -> None:
+        # A shutdown trigger of our own: the first SIGTERM or SIGINT drains, then hypercorn shuts down gracefully;
+        # a second one shuts down at once.
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        draining: list[asyncio.Task[None]] = []
+
+        def on_signal() -> None:
+            if draining:
+                stop.set()
+                return
+
+            async def drained() -> None:
+                await drain(config.drain_timeout)
+                stop.set()
+
+            draining.append(loop.create_task(drained()))
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal)
+        await serve(app, hypercorn_config, shutdown_trigger=stop.wait)
+
+    asyncio.run(main(), loop_factory=_uvloop_factory())
 
 
 def _uvloop_factory() -> Any:

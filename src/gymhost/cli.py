@@ -12,8 +12,9 @@ from typing import Any
 
 import click
 
-from ._config import DEFAULT_MAX_BODY_BYTES, NO_TOKEN, SERVERS, TOKEN_ENV_VAR, ServeConfig
+from ._config import DEFAULT_MAX_BODY_BYTES, NO_TOKEN, REPLICA_ENV_VAR, SERVERS, TOKEN_ENV_VAR, ServeConfig
 from ._exceptions import GymhostError
+from ._process import process_state
 from ._serving import bind_socket, is_loopback, run_app, url_of
 from ._version import __version__
 from .agentenv._config import DEFAULT_INSTANCES, SourceConfig, instance_range
@@ -119,6 +120,37 @@ def main() -> None:
     help="Larger request bodies are refused with 413.",
 )
 @click.option(
+    "--drain-timeout",
+    envvar="GYMHOST_DRAIN_TIMEOUT",
+    show_envvar=True,
+    default=ServeConfig.drain_timeout,
+    show_default=True,
+    type=click.IntRange(0),
+    help="On SIGTERM/SIGINT: seconds open episodes get to end (no new ones are taken) before the shutdown. A second "
+    "signal stops at once. Under Kubernetes, set terminationGracePeriodSeconds above this plus --graceful-timeout.",
+)
+@click.option(
+    "--replica-id",
+    envvar=REPLICA_ENV_VAR,
+    show_envvar=True,
+    default=None,
+    help="This replica's name, written into every session and MCP token it signs (default: host:port). Sessions "
+    "of another replica, or of an earlier start of this one, are refused as lost, never served as new.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    default=ServeConfig.log_format,
+    show_default=True,
+    help="json: one JSON object a line, with an episode's ids, outcome and durations on the line of its end.",
+)
+@click.option(
+    "--http-metrics/--no-http-metrics",
+    default=True,
+    show_default=True,
+    help="Time every request for /metrics (http_server_request_duration_seconds).",
+)
+@click.option(
     "--graceful-timeout",
     default=ServeConfig.graceful_timeout,
     show_default=True,
@@ -138,6 +170,10 @@ def serve(
     access_log: bool,
     token: str | None,
     max_body_bytes: int,
+    drain_timeout: int,
+    replica_id: str | None,
+    log_format: str,
+    http_metrics: bool,
     graceful_timeout: int,
 ) -> None:
     """Serve the resources server in FOLDER (which may be '.').
@@ -159,6 +195,8 @@ def serve(
         log_level=log_level,
         access_log=access_log,
         graceful_timeout=graceful_timeout,
+        drain_timeout=drain_timeout,
+        log_format=log_format,  # type: ignore[arg-type]
     )
     if not token and not is_loopback(host):
         click.secho(
@@ -178,12 +216,14 @@ def serve(
             overrides["name"] = name
         sock = bind_socket(config.host, config.port)
         try:
+            process_state.configure(replica=replica_id, port=sock.getsockname()[1])
             app = load_app(
                 folder,
                 server_urls=urls,
                 # click has read GYMHOST_TOKEN already: no token here means none was given anywhere.
                 token=token or NO_TOKEN,
                 max_body_bytes=max_body_bytes,
+                metrics=http_metrics,
                 config_key=config_key,
                 address=sock.getsockname()[:2],
                 **overrides,

@@ -412,6 +412,13 @@ class Pool:
 
     # -- what an operator sees -----------------------------------------------------------------------------------
 
+    def not_ready(self) -> str | None:
+        """Why the pool cannot take its share of episodes yet: fewer than its minimum of instances serving."""
+        serving = self._healthy()
+        if serving < self.minimum:
+            return f"warming up: {serving} of its minimum of {self.minimum} environment instances serving"
+        return None
+
     def status(self) -> dict[str, Any]:
         instances = [instance.status() for instance in self.instances]
         states = [instance["state"] for instance in instances]

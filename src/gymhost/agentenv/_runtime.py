@@ -15,14 +15,15 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine, Hashable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .._metrics import EpisodeMetrics
 from ._catalog import check_tasks, policy_tools
 from ._config import EpisodeSettings
+from ._episode import Episode, Reply, episode_ended, log_fields
 from ._exceptions import EpisodeStateError, SessionConflictError, StartupError, UnknownTaskError
 from ._grading import evaluate, extension_score, merge_state
-from ._interfaces import InstancePool, LeasedInstance, ToolSession
+from ._interfaces import InstancePool
 from ._memory import Memory
 from ._outcomes import CANCELLED, SESSION_EXPIRED, SHUTDOWN, TIMEOUT, Failure, Verdict, classify
 from ._tasks import ExtensionCriterion, StateCriterion, Task
@@ -36,44 +37,21 @@ T = TypeVar("T")
 _SETTLE_MARGIN_S = 1.0  # past a call's own limit (which ends it), how long an ending episode waits for it
 
 
-@dataclass(frozen=True)
-class Reply:
-    """A tool route's answer: the text the model sees, and the HTTP status that tells clients whether it failed.
-    ``refused`` when gymhost refused the call (no episode, environment down) rather than the tool answering."""
-
-    status: int
-    text: str
-    refused: bool = False
-
-
-@dataclass(eq=False)
-class Episode:
-    key: str
-    split: str
-    task: Task
-    identity: Hashable | None = None
-    instance: LeasedInstance | None = None
-    tools: ToolSession | None = None
-    failure: Failure | None = None
-    last_used: float = field(default_factory=time.monotonic)
-    calls: int = 0  # tool calls in flight: an episode in use is never idle, however long a call takes
-    no_calls: asyncio.Event = field(default_factory=asyncio.Event)  # set while ``calls`` is 0
-    ending: bool = False  # being verified or torn down: no new tool call starts
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    def __post_init__(self) -> None:
-        self.no_calls.set()
-
-
 class Runtime:
     """Every state change of an episode (seed, verify, close, expiry) runs under the episode's lock and in a task of
     its own that the request only awaits: a client that disconnects mid-call (nemo-gym 0.5+ cancels the handler)
     leaves the episode seeded or failed, verified or not, never half of either, and its instance accounted for."""
 
     def __init__(
-        self, pool: InstancePool, tasks: dict[str, list[Task]], environment: str, settings: EpisodeSettings
+        self,
+        pool: InstancePool,
+        tasks: dict[str, list[Task]],
+        environment: str,
+        settings: EpisodeSettings,
+        metrics: EpisodeMetrics | None = None,
     ) -> None:
         self.pool = pool
+        self.metrics = metrics if metrics is not None else EpisodeMetrics()
         self.tasks = tasks
         self.environment = environment
         self.settings = settings
@@ -127,6 +105,19 @@ class Runtime:
             *(self._end(episode, shutdown) for episode in list(self._episodes.values())), return_exceptions=True
         )
         await self.pool.stop()
+
+    def open_episodes(self) -> int:
+        return len(self._episodes)
+
+    def gauges(self) -> dict[str, Any]:
+        """The pool's and the episodes' gauges, for the metrics."""
+        pool = self.pool.status()
+        states = ("free", "leased", "resetting", "repairing", "starting", "stopping")
+        return {
+            "open_episodes": len(self._episodes),
+            "instances": {state: pool.get(state, 0) for state in states},
+            "waiting": pool.get("waiting_seeds", 0),
+        }
 
     def status(self) -> dict[str, Any]:
         """What an operator watches: the pool's size and limits, its queue, and what happened to episodes."""
@@ -189,19 +180,22 @@ class Runtime:
             reason = episode.failure.reason if episode.failure else "the episode is still being seeded"
             return Reply(503, f"the environment is unavailable: {reason}", refused=True)
         episode.calls += 1
+        episode.tool_calls += 1
         episode.no_calls.clear()
+        began = time.perf_counter()
         try:
             result = await episode.tools.call_tool(name, arguments)
         except Exception as error:
             if episode.failure is None:
                 episode.failure = classify(error, stage=f"tool {name}")
-            logger.warning("tool call %s failed: %s", name, episode.failure.reason)
+            logger.warning("tool call %s failed: %s", name, episode.failure.reason, extra=log_fields(episode))
             return Reply(503, f"the environment is unavailable: {episode.failure.reason}", refused=True)
         finally:
             episode.calls -= 1
             if not episode.calls:
                 episode.no_calls.set()
             episode.last_used = time.monotonic()
+            self.metrics.tool_called(name, time.perf_counter() - began)
         return Reply(400 if result.isError else 200, result.text)
 
     async def verify(self, key: str, final_text: str) -> Verdict:
@@ -232,7 +226,11 @@ class Runtime:
     async def _seed(self, episode: Episode) -> Episode:
         async with episode.lock:
             try:
-                episode.instance = await self.pool.lease()
+                began = time.perf_counter()
+                try:
+                    episode.instance = await self.pool.lease()
+                finally:
+                    self.metrics.seed_waited(time.perf_counter() - began)
                 client = episode.instance.client
                 if episode.task.seed.parts:
                     parts = [part.model_dump(mode="json", exclude_none=True) for part in episode.task.seed.parts]
@@ -242,7 +240,9 @@ class Runtime:
                 ).open()
             except Exception as error:
                 episode.failure = classify(error, stage="seed")
-                logger.warning("seeding task %r failed: %s", episode.task.id, episode.failure.reason)
+                logger.warning(
+                    "seeding task %r failed: %s", episode.task.id, episode.failure.reason, extra=log_fields(episode)
+                )
                 self.counters["seed_failed"] += 1
                 await self._release(episode)
             else:
@@ -263,7 +263,7 @@ class Runtime:
             else:
                 verdict = await self._grade(episode, final_text)
             self._answer(episode.key, verdict)
-            await self._teardown(episode, verdict.failure)
+            await self._teardown(episode, verdict.failure, verdict)
         return verdict
 
     def _answer(self, key: str, verdict: Verdict) -> None:
@@ -331,13 +331,14 @@ class Runtime:
                 if episode.failure is None:
                     episode.failure = Failure(TIMEOUT, "a tool call did not end when its episode did")
 
-    async def _teardown(self, episode: Episode, failure: Failure | None) -> None:
+    async def _teardown(self, episode: Episode, failure: Failure | None, verdict: Verdict | None = None) -> None:
         """With the episode's lock held: forget it, close its MCP session, give its instance back."""
         await self._settle(episode)
-        if self._episodes.get(episode.key) is episode:
-            del self._episodes[episode.key]
         if failure is not None and episode.failure is None:
             episode.failure = failure
+        if self._episodes.get(episode.key) is episode:
+            del self._episodes[episode.key]
+            episode_ended(episode, verdict, self.metrics)
         if episode.tools is not None:
             tools, episode.tools = episode.tools, None
             with contextlib.suppress(Exception):

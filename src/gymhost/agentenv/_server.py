@@ -102,6 +102,7 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
     ray_enabled: ClassVar[bool] = False
 
     _runtime: Runtime | None = PrivateAttr(default=None)
+    _metrics: Any = PrivateAttr(default=None)
     _tasks: dict[str, list[Task]] = PrivateAttr(default_factory=dict)
 
     def setup_webserver(self) -> FastAPI:
@@ -122,6 +123,7 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
                 self._tasks,
                 config.environment,
                 EpisodeSettings.of(config),
+                self._metrics,
             )
             await runtime.start()
             self._runtime = runtime
@@ -197,6 +199,22 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         if answer is None:
             raise HTTPException(404, f"no instance {index}")
         return answer
+
+    # -- what gymhost's operating layer asks (``gymhost._operating.EpisodeSource``) -----------------------------
+
+    def gymhost_bind_metrics(self, metrics: Any) -> None:
+        self._metrics = metrics
+
+    def gymhost_open_episodes(self) -> int:
+        return self._runtime.open_episodes() if self._runtime is not None else 0
+
+    def gymhost_not_ready(self) -> str | None:
+        if self._runtime is None:
+            return "starting: the environment pool is not running yet"
+        return self._runtime.pool.not_ready()
+
+    def gymhost_gauges(self) -> dict[str, Any]:
+        return self._runtime.gauges() if self._runtime is not None else {"open_episodes": 0}
 
     # -- internals ----------------------------------------------------------------------------------------------
 

@@ -11,7 +11,9 @@ cookie to every other mount, and the same server mounted twice shares one sessio
 - its path is the mount prefix (``scope["root_path"]``), so a cookie goes back only to the server that set it;
 - it is signed with ``GYMHOST_SECRET`` (or a random secret made once per process) and salted with the mount
   prefix, so a cookie from one mount, or one signed with Gym's public key, starts a new session instead;
-- every session gets a ``session_id``, and the cookie is sent on every response, as Gym's middleware does.
+- every session gets a ``session_id``, and the cookie is sent on every response, as Gym's middleware does;
+- a new session is stamped with the process that made it (``gymhost_owner``: its replica id and this start of it),
+  so another process can tell the session is not its own (``ownership``).
 
 Several workers or replicas behind one load balancer must share ``GYMHOST_SECRET``, or each refuses the others'
 cookies.
@@ -30,11 +32,13 @@ from itsdangerous.exc import BadSignature
 from starlette.middleware.sessions import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .._process import process_state
 from .._secret import process_secret
 
-__all__ = ["SESSION_ID_KEY", "SessionMiddleware"]
+__all__ = ["OWNER_KEY", "SESSION_ID_KEY", "SessionMiddleware"]
 
 SESSION_ID_KEY = "session_id"  # nemo_gym.server_utils.SESSION_ID_KEY
+OWNER_KEY = "gymhost_owner"
 _SALT = "gymhost.session"
 _VERIFIED_KEPT = 100_000  # cookies kept verified at most; beyond that the cache starts again
 _VERIFIED_GENERATION_S = 60.0  # a cookie unseen for between one and two of these is verified again when it returns
@@ -75,6 +79,7 @@ class SessionMiddleware:
         session = Session(self._decode(payload))
         if SESSION_ID_KEY not in session:
             session[SESSION_ID_KEY] = str(uuid4())
+            session[OWNER_KEY] = process_state.owner()
         scope["session"] = session
         cookie_path = mount or "/"
 
@@ -82,7 +87,7 @@ class SessionMiddleware:
             if message["type"] == "http.response.start":
                 current: dict[str, Any] = scope["session"]
                 cookie = None
-                if current:
+                if current.keys() - {OWNER_KEY}:  # the owner alone is no session: the handler cleared it
                     encoded = json.dumps(current)
                     if raw is not None and encoded == payload and self._fresh(signed_at):
                         value = raw  # unchanged (compared as JSON, so changes inside nested values count)

@@ -21,6 +21,8 @@ from starlette.middleware.sessions import SessionMiddleware as StarletteSessionM
 from .auth import LIVENESS_PATHS, BearerTokenMiddleware
 from .disconnect import DisconnectCancellationMiddleware
 from .exceptions import ExceptionMiddleware
+from .metrics import HttpMetricsMiddleware
+from .ownership import SessionOwnershipMiddleware
 from .request_guard import RequestGuardMiddleware
 from .rollout import mounted_rollout_middleware
 from .sessions import SessionMiddleware
@@ -35,9 +37,13 @@ def middleware_stack(
     token: str | None,
     max_body_bytes: int,
     max_json_depth: int,
+    metrics: bool,
+    ownership: dict[str, Any],
 ) -> list[Middleware]:
     """The app's middleware, outermost first (the order of Starlette's ``user_middleware``):
 
+    0. ``HttpMetricsMiddleware``, when ``metrics``: outermost, so every answer is timed and counted, the refusals of
+       the layers below included.
     1. ``BearerTokenMiddleware``, when a token is set: a request without it is refused before anything reads it,
        its body included. Liveness probes pass, as a load balancer sends them without credentials.
     2. ``RequestGuardMiddleware``: bodies too large, nested too deeply, or not Unicode text are refused before any
@@ -50,11 +56,13 @@ def middleware_stack(
     5. ``MountedRolloutContextMiddleware``, where Gym has its ``RolloutContextMiddleware`` (0.5+): strips
        ``/ng-rollout/<id>`` below the mount prefix, before the session and the routes see the path.
     6. Middlewares the server's own ``setup_webserver`` added, in their order (Gym's examples add none).
-    7. ``SessionMiddleware``, for Gym's ``SessionMiddleware`` and ``add_session_id`` pair: innermost, next to the
-       routes, as in Gym; its cookie is scoped to the mount and signed with the process secret.
+    7. ``SessionMiddleware``, for Gym's ``SessionMiddleware`` and ``add_session_id`` pair: next to the routes, as in
+       Gym; its cookie is scoped to the mount, signed with the process secret and stamped with its owner.
+    8. ``SessionOwnershipMiddleware`` (``ownership`` its settings): innermost, because it reads the session the layer
+       above loaded; another process's session never reaches a route, and a draining process takes no seed.
     """
     layers = _classify(gym_stack)
-    stack: list[Middleware] = []
+    stack: list[Middleware] = [Middleware(HttpMetricsMiddleware)] if metrics else []
     if token is not None:
         stack.append(Middleware(BearerTokenMiddleware, token=token, open_paths=LIVENESS_PATHS))
     stack.append(Middleware(RequestGuardMiddleware, max_body_bytes=max_body_bytes, max_json_depth=max_json_depth))
@@ -68,6 +76,7 @@ def middleware_stack(
     stack += layers.get("own", [])
     if "sessions" in layers:
         stack.append(Middleware(SessionMiddleware, cookie_name=server_key))
+    stack.append(Middleware(SessionOwnershipMiddleware, server_key=server_key, **ownership))
     return stack
 
 

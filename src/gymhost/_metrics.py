@@ -1,0 +1,162 @@
+"""Prometheus metrics: what gymhost exports, in one place, and how ``/metrics`` renders them.
+
+Names follow OpenTelemetry's HTTP conventions where one exists (``http.server.request.duration`` is
+``http_server_request_duration_seconds`` in Prometheus, with OTel's attribute names as labels), and carry the
+``gymhost_`` prefix otherwise. Every series has a ``mount`` label (``/`` for an app served alone, ``/gridsim`` under a
+gateway); routes are templates and tools are the card's, so the number of series stays bounded whatever the
+traffic. The metrics live in prometheus_client's default registry, with the process's own (CPU, memory, file
+descriptors); with ``PROMETHEUS_MULTIPROC_DIR`` set before gymhost is imported, prometheus_client's multiprocess mode
+aggregates them across worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import Metric
+
+__all__ = [
+    "CONTENT_TYPE",
+    "EPISODE_OUTCOMES",
+    "HTTP_ACTIVE_REQUESTS",
+    "HTTP_REQUEST_DURATION",
+    "EpisodeMetrics",
+    "exported_names",
+    "render",
+]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+ROOT = "/"
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_SLOW = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
+EPISODE_OUTCOMES = ("rewarded", "masked", "closed")
+
+HTTP_REQUEST_DURATION = Histogram(
+    "http_server_request_duration_seconds",
+    "Duration of HTTP server requests (OpenTelemetry http.server.request.duration).",
+    ["mount", "http_request_method", "http_route", "http_response_status_code"],
+    buckets=_FAST,
+)
+HTTP_ACTIVE_REQUESTS = Gauge(
+    "http_server_active_requests",
+    "HTTP server requests in flight (OpenTelemetry http.server.active_requests).",
+    ["mount", "http_request_method"],
+    multiprocess_mode="livesum",
+)
+_EPISODES_OPEN = Gauge(
+    "gymhost_episodes_open", "Episodes seeded and not yet ended.", ["mount"], multiprocess_mode="livesum"
+)
+_EPISODES_ENDED = Counter(
+    "gymhost_episodes_ended",
+    "Episodes ended: rewarded (a verdict the grader gave), masked (the infrastructure failed; failure_kind says how),"
+    " or closed without a verdict.",
+    ["mount", "outcome", "failure_kind"],
+)
+_REWARD = Histogram(
+    "gymhost_reward",
+    "Rewards of the episodes verified with a genuine (unmasked) verdict.",
+    ["mount"],
+    buckets=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1.0),
+)
+_SEED_WAIT = Histogram(
+    "gymhost_seed_wait_seconds", "How long a seed waited for an environment instance.", ["mount"], buckets=_SLOW
+)
+_TOOL_CALL = Histogram(
+    "gymhost_tool_call_duration_seconds", "Duration of bridged tool calls, by tool.", ["mount", "tool"], buckets=_FAST
+)
+_INSTANCES = Gauge(
+    "gymhost_instances", "Environment instances by state.", ["mount", "state"], multiprocess_mode="livesum"
+)
+_SEEDS_WAITING = Gauge(
+    "gymhost_seeds_waiting", "Seeds waiting for an environment instance.", ["mount"], multiprocess_mode="livesum"
+)
+_SESSIONS_STARTED = Counter(
+    "gymhost_sessions_started", "Sessions seeded (POST /seed_session answered 2xx), on any server.", ["mount"]
+)
+_INSTANCE_STATES = ("free", "leased", "resetting", "repairing", "starting", "stopping")
+_OURS = (HTTP_REQUEST_DURATION, HTTP_ACTIVE_REQUESTS, _EPISODES_OPEN, _EPISODES_ENDED, _REWARD, _SEED_WAIT,
+         _TOOL_CALL, _INSTANCES, _SEEDS_WAITING, _SESSIONS_STARTED)  # fmt: skip
+
+
+class EpisodeMetrics:
+    """One app's episode metrics. Its mount is known once the app's lifespan starts (a gateway says where it
+    mounted it), so the series are bound then."""
+
+    def __init__(self) -> None:
+        self.bind(ROOT)
+
+    def bind(self, mount: str) -> None:
+        self.mount = mount or ROOT
+        self._open = _EPISODES_OPEN.labels(self.mount)
+        self._reward = _REWARD.labels(self.mount)
+        self._seed_wait = _SEED_WAIT.labels(self.mount)
+        self._waiting = _SEEDS_WAITING.labels(self.mount)
+        self._sessions = _SESSIONS_STARTED.labels(self.mount)
+        self._tools: dict[str, Any] = {}
+
+    def session_started(self) -> None:
+        self._sessions.inc()
+
+    def seed_waited(self, seconds: float) -> None:
+        self._seed_wait.observe(seconds)
+
+    def tool_called(self, tool: str, seconds: float) -> None:
+        child = self._tools.get(tool)
+        if child is None:
+            child = self._tools[tool] = _TOOL_CALL.labels(self.mount, tool)
+        child.observe(seconds)
+
+    def ended(self, outcome: str, failure_kind: str | None = None, reward: float | None = None) -> None:
+        _EPISODES_ENDED.labels(self.mount, outcome, failure_kind or "").inc()
+        if outcome == "rewarded" and reward is not None:
+            self._reward.observe(reward)
+
+    def gauges(self, *, open_episodes: int, instances: dict[str, int] | None = None, waiting: int = 0) -> None:
+        self._open.set(open_episodes)
+        self._waiting.set(waiting)
+        for state in _INSTANCE_STATES:
+            if instances is not None:
+                _INSTANCES.labels(self.mount, state).set(instances.get(state, 0))
+
+
+def render(mount: str | None = None) -> bytes:
+    """The exposition text: every series, or (``mount``) one app's and the process's own."""
+    registry: Any = REGISTRY
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    if mount is not None:
+        registry = _OneMount(registry, mount or ROOT)
+    output: bytes = generate_latest(registry)
+    return output
+
+
+def exported_names() -> set[str]:
+    """The sample names gymhost's own metrics export (a counter ``x`` as ``x_total``; a histogram as ``_bucket``,
+    ``_sum`` and ``_count``): what a dashboard may query."""
+    names: set[str] = set()
+    for metric in _OURS:
+        for family in metric.describe():
+            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(family.type, ("",))
+            names.update(family.name + suffix for suffix in suffixes)
+    return names
+
+
+class _OneMount:
+    """A registry's families with only the samples of one mount (and those with no mount: the process's)."""
+
+    def __init__(self, registry: Any, mount: str) -> None:
+        self.registry, self.mount = registry, mount
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self.registry.collect():
+            kept = [sample for sample in family.samples if sample.labels.get("mount", self.mount) == self.mount]
+            if kept or not family.samples:
+                family.samples = kept
+                yield family
