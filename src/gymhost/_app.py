@@ -24,30 +24,9 @@ from .middleware.auth import resolve_token
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["GYM_ROUTE_NAMES", "HostedServer", "create_app"]
+__all__ = ["HostedServer", "create_app"]
 
 logger = logging.getLogger("gymhost")
-
-# Paths a Gym resources server serves itself (nemo-gym 0.4.0 and 0.7.0, liveness and docs included); every other
-# single-segment POST route of a resources server is a tool.
-GYM_ROUTE_NAMES = frozenset(
-    {
-        "seed_session",
-        "verify",
-        "close_session",
-        "aggregate_metrics",
-        "reverify_mode",
-        "mcp",
-        "health",
-        "healthz",
-        "livez",
-        "readyz",
-        "docs",
-        "redoc",
-        "ng-rollout",
-    }
-)
-
 
 @dataclass(frozen=True)
 class HostedServer:

@@ -18,10 +18,11 @@ from typing import Any
 
 from starlette.routing import Mount
 
-from ._app import GYM_ROUTE_NAMES, create_app
+from ._app import create_app
 from ._config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, NO_TOKEN, NoToken
 from ._exceptions import FolderError, GatewayError
 from ._lifespan_runner import has_lifespan, running_lifespan
+from ._nemo_gym import GYM_ROUTE_NAMES
 from ._operating import add_operating_routes
 from .middleware.auth import LIVENESS_PATHS, BearerTokenMiddleware, resolve_token
 

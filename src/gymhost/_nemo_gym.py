@@ -1,4 +1,4 @@
-"""The one place that decides whether nemo-gym is importable.
+"""The one place that decides whether nemo-gym is importable, and what gymhost knows of it without importing it.
 
 nemo-gym is an optional extra (it pulls Ray, MLflow and friends), so nothing at import time of ``gymhost``
 may touch it; code that needs it calls ``require_nemo_gym()`` first and gets a clear install hint instead of
@@ -13,7 +13,27 @@ import importlib.util
 
 from ._exceptions import NemoGymNotInstalledError
 
-__all__ = ["require_nemo_gym"]
+__all__ = ["GYM_ROUTE_NAMES", "require_nemo_gym"]
+
+# Paths a Gym resources server serves itself (nemo-gym 0.4.0 and 0.7.0, liveness and docs included); every other
+# single-segment POST route of a resources server is a tool.
+GYM_ROUTE_NAMES = frozenset(
+    {
+        "seed_session",
+        "verify",
+        "close_session",
+        "aggregate_metrics",
+        "reverify_mode",
+        "mcp",
+        "health",
+        "healthz",
+        "livez",
+        "readyz",
+        "docs",
+        "redoc",
+        "ng-rollout",
+    }
+)
 
 _REQUIRED = ("nemo_gym", "omegaconf")
 

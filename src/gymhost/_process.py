@@ -1,10 +1,13 @@
-"""What is true of the whole process, whatever apps it serves: who it is (its replica id and this start of it), and
-whether it is draining.
+"""What is true of the whole process, whatever apps it serves: who it is (its replica id, its worker index among the
+replica's worker processes, and this start of it), where its siblings are, and whether it is draining.
 
-A session is owned by the process that seeded it: its signed cookie and its MCP token carry the owner (``owner()``),
-so a request that reaches another replica, or this replica after a restart, is told its episode is lost instead of
-being served as a new one. Draining is process-wide too: a SIGTERM stops every app in the process from taking new
-episodes, and the server exits once the apps' open episodes have ended (``open_episodes()``).
+A session is owned by the process that seeded it: its signed cookie and its MCP token carry the owner (``owner()``).
+A request for a session another worker of this replica owns, or another replica that said where it listens
+(``--advertise-url``), is forwarded there (``route()``, ``_forwarding``); one whose owner is gone (a replica with no
+address, a worker or replica since restarted) is told its episode is lost instead of being served as a new one.
+
+Draining is process-wide too: a SIGTERM stops every app in the process from taking new episodes, and the server
+exits once the apps' open episodes have ended (``open_episodes()``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,12 @@ from ._config import REPLICA_ENV_VAR
 
 __all__ = ["Owner", "ProcessState", "process_state"]
 
-Owner = dict[str, str]  # {"replica": id, "start": this start's nonce}: stamped into sessions and MCP tokens
+# {"replica": id, "worker": index, "start": this start's nonce, "url": where the replica listens, if it said}: stamped
+# into sessions and MCP tokens.
+Owner = dict[str, Any]
+Target = tuple[str, str]  # ("worker", a sibling worker's Unix socket path) or ("replica", another replica's URL)
+WORKER_ENV_VAR = "GYMHOST_WORKER"  # index of this worker among the replica's (set by the supervisor, ``_workers``)
+WORKERS_DIR_ENV_VAR = "GYMHOST_WORKERS_DIR"  # where each worker listens for forwarded requests: worker-<i>.sock
 
 
 class ProcessState:
@@ -29,13 +37,18 @@ class ProcessState:
         self.start = secrets.token_hex(4)  # differs between two starts of a replica with the same id
         self.started_at = time.time()
         self.replica = os.environ.get(REPLICA_ENV_VAR) or f"{socket.gethostname()}:{os.getpid()}"
+        self.worker = int(os.environ.get(WORKER_ENV_VAR, "0"))
+        self.workers_dir = os.environ.get(WORKERS_DIR_ENV_VAR) or None
+        self.advertise_url: str | None = None
         self.draining = False
         self.drain_started_at: float | None = None
         self._open: dict[int, Callable[[], int]] = {}
         self._lock = threading.Lock()
 
-    def configure(self, *, replica: str | None, port: int | None = None) -> None:
-        """The replica id: given (``--replica-id``, ``GYMHOST_REPLICA_ID``), else this host and the port served."""
+    def configure(self, *, replica: str | None, port: int | None = None, advertise_url: str | None = None) -> None:
+        """The replica id: given (``--replica-id``, ``GYMHOST_REPLICA_ID``), else this host and the port served; and
+        the URL other replicas forward this one's sessions to, if it has one."""
+        self.advertise_url = advertise_url.rstrip("/") if advertise_url else None
         if replica:
             self.replica = replica
         elif os.environ.get(REPLICA_ENV_VAR):
@@ -43,19 +56,49 @@ class ProcessState:
         elif port is not None:
             self.replica = f"{socket.gethostname()}:{port}"
 
+    def become_worker(self, index: int, workers_dir: str) -> None:
+        """In a worker process the supervisor just forked: an identity and a start of its own."""
+        self.worker, self.workers_dir = index, workers_dir
+        self.start = secrets.token_hex(4)
+        self.started_at = time.time()
+
     def owner(self) -> Owner:
-        return {"replica": self.replica, "start": self.start}
+        owner: Owner = {"replica": self.replica, "worker": self.worker, "start": self.start}
+        if self.advertise_url:
+            owner["url"] = self.advertise_url
+        return owner
 
     def describe(self, owner: Any) -> str:
-        """Whose a session is, for a message: another replica, or an earlier start of this one."""
+        """Whose a session is, for a message: another replica, another worker, or an earlier start of either."""
         if not isinstance(owner, dict) or not owner.get("replica"):
             return "a process that did not say who it is (a session from before this server's version)"
-        if owner.get("replica") == self.replica:
-            return f"an earlier start of this replica ({self.replica}, start {owner.get('start')}; now {self.start})"
-        return f"replica {owner.get('replica')} (start {owner.get('start')}), not this one ({self.replica})"
+        worker, start = owner.get("worker", 0), owner.get("start")
+        if owner.get("replica") != self.replica:
+            return f"replica {owner['replica']} (worker {worker}, start {start}), not this one ({self.replica})"
+        if worker != self.worker:
+            return f"worker {worker} of this replica ({self.replica}, start {start}), which is gone"
+        return f"an earlier start of this replica ({self.replica}, worker {worker}, start {start}; now {self.start})"
 
     def is_mine(self, owner: Any) -> bool:
-        return isinstance(owner, dict) and owner.get("replica") == self.replica and owner.get("start") == self.start
+        return (
+            isinstance(owner, dict)
+            and owner.get("replica") == self.replica
+            and owner.get("worker", 0) == self.worker
+            and owner.get("start") == self.start
+        )
+
+    def route(self, owner: Any) -> Target | None:
+        """Where a session that is not this process's lives, if this process can reach it: a sibling worker's
+        socket, or the URL another replica advertised. None: its owner is gone, or never said where it is."""
+        if not isinstance(owner, dict) or not owner.get("replica"):
+            return None
+        if owner["replica"] == self.replica:
+            worker = owner.get("worker", 0)
+            if worker == self.worker or self.workers_dir is None or not isinstance(worker, int):
+                return None  # this worker, restarted since: the session is lost
+            return "worker", os.path.join(self.workers_dir, f"worker-{worker}.sock")
+        url = owner.get("url")
+        return ("replica", str(url)) if isinstance(url, str) and url.startswith(("http://", "https://")) else None
 
     # -- draining ---------------------------------------------------------------------------------------------
 

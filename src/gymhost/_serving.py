@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ._config import SERVERS, ServeConfig
@@ -76,15 +77,17 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def run_app(app: Any, sock: socket.socket, config: ServeConfig) -> None:
-    """Serve ``app`` on ``sock`` until SIGINT or SIGTERM; both servers run the app's lifespan."""
+def run_app(app: Any, sock: socket.socket, config: ServeConfig, extra_sockets: Sequence[socket.socket] = ()) -> None:
+    """Serve ``app`` on ``sock`` (and ``extra_sockets``: a worker's socket for forwarded requests) until SIGINT or
+    SIGTERM; both servers run the app's lifespan."""
     freeze_imported_heap()
     lifespan = LifespanRunner(app)
+    sockets = [sock, *extra_sockets]
     try:
         if config.server == "uvicorn":
-            _run_uvicorn(lifespan, sock, config)
+            _run_uvicorn(lifespan, sockets, config)
         elif config.server == "hypercorn":
-            _run_hypercorn(lifespan, sock, config)
+            _run_hypercorn(lifespan, sockets, config)
         else:
             raise ServeError(f"unknown server {config.server!r}; expected one of {', '.join(SERVERS)}")
     except (Exception, SystemExit) as error:  # uvicorn exits, hypercorn raises, when the lifespan fails
@@ -95,7 +98,7 @@ def run_app(app: Any, sock: socket.socket, config: ServeConfig) -> None:
         raise ServeError(f"{config.server} stopped: {error!r}; its log above says more") from error
 
 
-def _run_uvicorn(app: Any, sock: socket.socket, config: ServeConfig) -> None:
+def _run_uvicorn(app: Any, sockets: list[socket.socket], config: ServeConfig) -> None:
     import uvicorn
 
     server = _DrainingUvicorn(
@@ -113,7 +116,7 @@ def _run_uvicorn(app: Any, sock: socket.socket, config: ServeConfig) -> None:
         ),
         drain_timeout=config.drain_timeout,
     )
-    server.run(sockets=[sock])
+    server.run(sockets=sockets)
     if not server.started:
         raise ServeError("uvicorn stopped before serving; its log above says why")
 
@@ -176,7 +179,7 @@ async def drain(timeout: float) -> None:
         logger.warning("drained: every open episode has ended")
 
 
-def _run_hypercorn(app: Any, sock: socket.socket, config: ServeConfig) -> None:
+def _run_hypercorn(app: Any, sockets: list[socket.socket], config: ServeConfig) -> None:
     try:
         from hypercorn.asyncio import serve
         from hypercorn.config import Config
@@ -185,7 +188,7 @@ def _run_hypercorn(app: Any, sock: socket.socket, config: ServeConfig) -> None:
 
     hypercorn_config = Config()
     # A duplicate, because hypercorn closes the socket it was given and gymhost closes its own.
-    hypercorn_config.bind = [f"fd://{os.dup(sock.fileno())}"]
+    hypercorn_config.bind = [f"fd://{os.dup(sock.fileno())}" for sock in sockets]
     hypercorn_config.loglevel = config.log_level.upper()
     hypercorn_config.keep_alive_timeout = config.timeout_keep_alive
     hypercorn_config.graceful_timeout = config.graceful_timeout

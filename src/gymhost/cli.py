@@ -17,6 +17,7 @@ from ._exceptions import GymhostError
 from ._process import process_state
 from ._serving import bind_socket, is_loopback, run_app, url_of
 from ._version import __version__
+from ._workers import prepare_workers, serve_workers
 from .agentenv._config import DEFAULT_INSTANCES, SourceConfig, instance_range
 
 __all__ = ["main"]
@@ -138,6 +139,21 @@ def main() -> None:
     "of another replica, or of an earlier start of this one, are refused as lost, never served as new.",
 )
 @click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Worker processes on this host, each holding the episodes it seeded; a request reaches the worker that "
+    "holds its episode whichever accepts it. Workers share one GYMHOST_SECRET (made for them if unset).",
+)
+@click.option(
+    "--advertise-url",
+    default=None,
+    metavar="URL",
+    help="Where other replicas reach this one (http://HOST:PORT, behind no load balancer): written into its "
+    "sessions, so a replica that receives one of them forwards the request here instead of refusing it.",
+)
+@click.option(
     "--log-format",
     type=click.Choice(["text", "json"]),
     default=ServeConfig.log_format,
@@ -172,6 +188,8 @@ def serve(
     max_body_bytes: int,
     drain_timeout: int,
     replica_id: str | None,
+    workers: int,
+    advertise_url: str | None,
     log_format: str,
     http_metrics: bool,
     graceful_timeout: int,
@@ -209,14 +227,17 @@ def serve(
     gateway = is_gym_root(folder)
     if gateway and (name or config_key or settings):
         raise click.UsageError("--name, --config-key and --set apply to one server folder, not to a Gym root")
+    if advertise_url is not None and not advertise_url.startswith(("http://", "https://")):
+        raise click.BadParameter(f"expected http://HOST:PORT, got {advertise_url!r}", param_hint="--advertise-url")
     try:
+        workers_folder = prepare_workers() if workers > 1 else None  # before anything imports prometheus_client
         require_nemo_gym()
         overrides = _overrides(settings)
         if name is not None:
             overrides["name"] = name
         sock = bind_socket(config.host, config.port)
         try:
-            process_state.configure(replica=replica_id, port=sock.getsockname()[1])
+            process_state.configure(replica=replica_id, port=sock.getsockname()[1], advertise_url=advertise_url)
             app = load_app(
                 folder,
                 server_urls=urls,
@@ -233,7 +254,11 @@ def serve(
                 click.echo(f"gymhost: serving {Path(folder).resolve().name} at {url_of(sock)} (servers: {mounts})")
             else:
                 click.echo(f"gymhost: serving {app.state.gymhost.name} at {url_of(sock)}")
-            run_app(app, sock, config)
+            if workers_folder is not None:
+                click.echo(f"gymhost: {workers} workers")
+                serve_workers(app, sock, config, workers, workers_folder, run_app)
+            else:
+                run_app(app, sock, config)
         finally:
             sock.close()
     except GymhostError as error:

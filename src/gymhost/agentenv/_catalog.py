@@ -13,7 +13,7 @@ from typing import Any
 
 from agentenv_protocol.client import find_extension
 
-from .._app import GYM_ROUTE_NAMES as GYM_ROUTES
+from .._nemo_gym import GYM_ROUTE_NAMES as GYM_ROUTES
 from ._exceptions import CatalogError
 from ._tasks import ExtensionCriterion, Task
 

@@ -9,11 +9,13 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .._forwarding import FORWARDED_SCOPE_KEY
 from .._metrics import HTTP_ACTIVE_REQUESTS, HTTP_REQUEST_DURATION, ROOT
 
 __all__ = ["HttpMetricsMiddleware"]
 
 _UNMATCHED = "(unmatched)"  # a path no route took (a 404): one series, however many such paths there are
+_FORWARDED = "(forwarded)"  # answered by the process that owns the session (``_forwarding``)
 
 
 class HttpMetricsMiddleware:
@@ -58,6 +60,8 @@ class HttpMetricsMiddleware:
         route = getattr(scope.get("route"), "path", None)
         if route:
             return str(route)
+        if scope.get(FORWARDED_SCOPE_KEY):
+            return _FORWARDED
         endpoint = scope.get("endpoint")
         if endpoint is None:
             return _UNMATCHED

@@ -1,13 +1,15 @@
-"""Which episode requests this process takes: none of another process's sessions, and no new ones while draining.
+"""Which episode requests this process serves: its own sessions; another's go to their owner, or are refused as
+lost; and no new episodes while draining.
 
-Every session and MCP token gymhost signs names the process that made it (``_process``: a replica id and this start
-of it). A request whose session is validly signed but someone else's (another replica behind a load balancer that
-failed over, or this replica before a restart) reaches a process that never had the episode; served, it would play
-or grade a session that process has never seen, and a Gym server's ``/verify`` would answer a genuine-looking
-``reward: 0.0`` for an episode the infrastructure lost. Instead, following the convention of Gym's own session
-routing (a session whose owner is gone is 410):
+Every session and MCP token gymhost signs names the process that made it (``_process``: a replica id, a worker
+index and this start of it). A request for a sibling worker's session, or for the session of another replica that
+said where it listens, is forwarded there (``_forwarding``) and answered by its owner. One whose owner is gone
+(restarted since, or unreachable, or a replica that never said where it is) reaches a process that never had the
+episode; served, it would play or grade a session that process has never seen, and a Gym server's ``/verify``
+would answer a genuine-looking ``reward: 0.0`` for an episode the infrastructure lost. Instead, following the
+convention of Gym's own session routing (a session whose owner is gone is 410):
 
-- ``/seed_session`` starts a new episode here, in a new session;
+- ``/seed_session`` starts a new episode here, in a new session (a sibling worker's session still goes to it);
 - ``/verify`` answers a masked verdict (``mask_sample: true``, ``failure_kind: session_lost``, the owner named in
   ``failure_reason``) where the nemo-gym version has those fields, and 410 naming the owner where it has not (0.4.0);
 - any other POST of the session (a tool call, ``/close_session``, an MCP call with another process's token): 410,
@@ -32,6 +34,7 @@ from typing import Any
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .._forwarding import forward, may_forward, read_body
 from .._mcp_tokens import TOKEN_HEADER, token_owner
 from .._metrics import EpisodeMetrics
 from .._process import process_state
@@ -97,13 +100,19 @@ class SessionOwnershipMiddleware:
         if token is not None:
             valid, owner = token_owner(self.server_key, token.decode("latin-1"))
             if valid and not process_state.is_mine(owner):
-                await self._gone(scope, receive, send, owner)
+                if not await self._forwarded(scope, receive, send, owner):
+                    await self._gone(scope, receive, send, owner)
                 return
         session = scope.get("session")
         if session is not None and path not in _SESSION_FREE and not process_state.is_mine(session.get(OWNER_KEY)):
+            owner = session.get(OWNER_KEY)
+            if await self._forwarded(scope, receive, send, owner):
+                return  # its owner answered (a repeated seed included: that is the owner's to judge)
             if path != "/seed_session":
-                await self._lost(scope, receive, send, path, session.get(OWNER_KEY))
+                await self._lost(scope, receive, send, path, owner)
                 return
+            if "gymhost.body" in scope:  # read for a forward that could not be made
+                receive = _replay(scope.pop("gymhost.body"))
             session.clear()  # a new episode here, in a session of its own
             session[SESSION_ID_KEY] = str(uuid.uuid4())
             session[OWNER_KEY] = process_state.owner()
@@ -114,11 +123,25 @@ class SessionOwnershipMiddleware:
             self.tracker.touched(str(session.get(SESSION_ID_KEY)))
         await self.app(scope, receive, send)
 
+    async def _forwarded(self, scope: Scope, receive: Receive, send: Send, owner: Any) -> bool:
+        """Whether the owner, reached where it lives, answered the request. Its body is read either way: a lost
+        session's verify is answered from it."""
+        target = process_state.route(owner)
+        if target is None or not may_forward(scope, target):
+            return False
+        body = await read_body(receive)
+        if await forward(scope, _replay(body), send, target):
+            return True
+        scope["gymhost.body"] = body
+        return False
+
     async def _lost(self, scope: Scope, receive: Receive, send: Send, path: str, owner: Any) -> None:
         if path != "/verify" or not self.masked_verdicts:
             await self._gone(scope, receive, send, owner)
             return
-        body = await _read_body(receive)
+        body = scope.pop("gymhost.body", None)
+        if body is None:
+            body = await read_body(receive)
         try:
             request = json.loads(body) if body else {}
         except ValueError:
@@ -188,16 +211,17 @@ def _below_mount(scope: Scope) -> str:
     return path[len(root) :] or "/" if root and path.startswith(root) else path
 
 
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
+def _replay(body: bytes) -> Receive:
+    sent = False
+
+    async def receive() -> Any:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
 
 
 async def _json(

@@ -32,6 +32,7 @@ from itsdangerous.exc import BadSignature
 from starlette.middleware.sessions import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .._forwarding import FORWARDED_SCOPE_KEY
 from .._process import process_state
 from .._secret import process_secret
 
@@ -84,7 +85,8 @@ class SessionMiddleware:
         cookie_path = mount or "/"
 
         async def send_with_cookie(message: Message) -> None:
-            if message["type"] == "http.response.start":
+            if message["type"] == "http.response.start" and not scope.get(FORWARDED_SCOPE_KEY):
+                # (a forwarded request's answer carries its owner's cookie, not this process's)
                 current: dict[str, Any] = scope["session"]
                 cookie = None
                 if current.keys() - {OWNER_KEY}:  # the owner alone is no session: the handler cleared it

@@ -1,0 +1,188 @@
+"""`gymhost serve --workers N`: every request of an episode reaches the worker that holds it, in every flow; a
+worker that dies is replaced and its episodes end as lost, never as a genuine-looking score; metrics add up across
+workers; SIGTERM drains them all."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gymhost import EpisodeClient
+from gymhost.agentenv import Task, load_tasks, write_folder
+
+from .agentenv_helpers import GRIDSIM, rows
+from .gym_plays import example_rows, play_mcp_weather, play_session_state
+from .processes import ServerProcess, children, gymhost_command, serving
+
+pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
+
+TASKS: dict[str, Task] = {task.id: task for task in load_tasks(GRIDSIM / "tasks" / "eval.jsonl")}
+WORKERS = 2
+
+
+@pytest.fixture(scope="module")
+def gridsim(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_folder(str(GRIDSIM), tmp_path_factory.mktemp("workers"), mode="in-process", instances="4:64").path
+
+
+@contextmanager
+def serve(folder: Path, *args: str) -> Iterator[ServerProcess]:
+    with serving(gymhost_command("serve", str(folder), "--port", "0", "--workers", str(WORKERS), *args)) as server:
+        deadline = time.monotonic() + 30
+        while len(children(server.process.pid)) < WORKERS and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(children(server.process.pid)) == WORKERS, server.output
+        yield server
+
+
+def forwarded(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "http_server_request_duration_seconds_count" and sample.labels["http_route"] == "(forwarded)"
+    )
+
+
+async def play_gridsim(url: str, row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """verifiers' way: a new connection for every request, the seed's cookies replayed."""
+    solution = TASKS[row["task_id"]].solution
+    assert solution is not None
+    async with EpisodeClient(url) as episode:
+        await episode.seed(row)
+        for call in solution.tool_calls:
+            output = await episode.call_tool(f"{prefix}{call.name}", call.arguments)
+            assert output.ok, output.text
+        return await episode.verify(row, solution.final_text)
+
+
+async def test_cookie_flow_episodes_reach_their_worker(gridsim: Path, gym_root: Path) -> None:
+    with serve(gridsim) as server:
+        answers = await asyncio.gather(*(play_gridsim(server.url, row) for row in rows(gridsim) * 4))
+        assert [answer["reward"] for answer in answers] == [1.0] * 40
+        assert forwarded(server.url) > 0, "some requests were accepted by a worker that did not hold their episode"
+    folder = gym_root / "example_session_state_mgmt"
+    row = example_rows(folder)[0]
+    with serve(folder) as server:
+        answers = await asyncio.gather(*(play_session_state(server.url, row, True) for _ in range(20)))
+        assert [answer["reward"] for answer in answers] == [1.0] * 20
+
+
+async def test_rollout_paths_and_the_resources_session_flow_reach_their_worker(
+    gridsim: Path, gym_version: tuple[int, ...]
+) -> None:
+    row = next(r for r in rows(gridsim) if r["task_id"] == "reach-corner")
+    with serve(gridsim) as server:
+        if gym_version < (0, 5):  # nemo-gym 0.4.0 has neither: a caller-named seed is a row without a task
+            answer = httpx.post(f"{server.url}/seed_session", json={"resources_session_id": "x"})
+            assert answer.status_code == 422
+            return
+        through_rollout_paths = await asyncio.gather(
+            *(play_gridsim(server.url, row, prefix=f"ng-rollout/r{n}/") for n in range(12))
+        )
+        assert [answer["reward"] for answer in through_rollout_paths] == [1.0] * 12
+
+        async def caller_named(n: int) -> dict[str, Any]:
+            seed = {
+                "resources_session_id": f"rs-{n}",
+                "episode_id": {"rollout_id": f"r{n}"},
+                "task_id": {"taskset": "gridsim", "task_id": "reach-corner"},
+                "task_data": {"task_id": "reach-corner", "split": "eval"},
+            }
+            async with EpisodeClient(server.url) as episode:
+                for _ in range(2):  # a repeated seed goes to the owner, which answers it as the same episode
+                    answer = await episode.post("/seed_session", seed)
+                    assert answer.status_code == 200, answer.text
+                    episode.cookies.update(answer.cookies)
+                for call in TASKS["reach-corner"].solution.tool_calls:  # type: ignore[union-attr]
+                    assert (await episode.call_tool(call.name, call.arguments)).ok
+                verdict = await episode.verify(row)
+                close = await episode.post("/close_session", {"resources_session_id": f"rs-{n}", **seed})
+                assert close.status_code == 200, close.text
+                return verdict
+
+        answers = await asyncio.gather(*(caller_named(n) for n in range(12)))
+        assert [answer["reward"] for answer in answers] == [1.0] * 12
+        await asyncio.sleep(1.5)  # gauges are refreshed every second
+        pool = httpx.get(f"{server.url}/metrics").text
+        opened = [
+            s for f in text_string_to_metric_families(pool) for s in f.samples if s.name == "gymhost_episodes_open"
+        ]
+        assert sum(sample.value for sample in opened) == 0, "every episode ended on its worker"
+
+
+async def test_mcp_token_calls_reach_their_worker(gym_root: Path) -> None:
+    folder = gym_root / "example_mcp_weather"
+    row = example_rows(folder)[0]
+    with serve(folder) as server:
+        answers = await asyncio.gather(*(play_mcp_weather(server.url, row, True) for _ in range(8)))
+        assert [answer["reward"] for answer in answers] == [1.0] * 8
+        assert forwarded(server.url) > 0
+
+
+async def test_a_dead_worker_is_replaced_and_its_episodes_end_lost(gridsim: Path, gym_version: tuple[int, ...]) -> None:
+    row = next(r for r in rows(gridsim) if r["task_id"] == "reach-corner")
+    with serve(gridsim) as server:
+        episodes = [EpisodeClient(server.url) for _ in range(12)]
+        for episode in episodes:
+            await episode.seed(row)
+        victim = children(server.process.pid)[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 20
+        while (victim in children(server.process.pid) or len(children(server.process.pid)) < WORKERS) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+        assert victim not in children(server.process.pid)
+        assert len(children(server.process.pid)) == WORKERS, "the dead worker was replaced"
+        verdicts = []
+        for episode in episodes:
+            move = await episode.call_tool("gridsim_move", {"direction": "right"})
+            if move.status_code == 410:
+                answer = await episode.post("/verify", {**row, "response": episode.transcript.response("")})
+                verdicts.append(("lost", answer.status_code, answer.json()))
+            else:
+                await episode.call_tool("gridsim_move", {"direction": "up"})
+                verdicts.append(("played", 200, await episode.verify(row)))
+        lost = [answer for kind, _, answer in verdicts if kind == "lost"]
+        played = [answer for kind, _, answer in verdicts if kind == "played"]
+        assert lost, "the killed worker held some of the episodes"
+        assert played, "the other worker's episodes went on"
+        assert all(answer["reward"] == 1.0 for answer in played)
+        for kind, status, answer in verdicts:
+            if kind == "lost" and gym_version >= (0, 5):
+                assert (status, answer["mask_sample"], answer["failure_kind"]) == (200, True, "session_lost"), answer
+            elif kind == "lost":
+                assert (status, answer["failure_kind"]) == (410, "session_lost"), answer
+        assert (await play_gridsim(server.url, row))["reward"] == 1.0, "new episodes play on the new worker"
+
+
+async def test_sigterm_drains_every_worker(gridsim: Path) -> None:
+    row = next(r for r in rows(gridsim) if r["task_id"] == "reach-corner")
+    with serve(gridsim, "--drain-timeout", "60") as server:
+        episodes = [EpisodeClient(server.url) for _ in range(8)]
+        for episode in episodes:
+            await episode.seed(row)
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        refused = httpx.post(f"{server.url}/seed_session", json=row)
+        assert (refused.status_code, refused.json()["failure_kind"]) == (503, "provider_unavailable")
+        for episode in episodes:  # open episodes on both workers play to their end
+            for call in TASKS["reach-corner"].solution.tool_calls:  # type: ignore[union-attr]
+                assert (await episode.call_tool(call.name, call.arguments)).ok
+            assert (await episode.verify(row))["reward"] == 1.0
+        server.process.wait(20)
+    assert server.output.count("drained: every open episode has ended") == WORKERS
+    assert json.dumps(server.output).count("Traceback") == 0
