@@ -28,6 +28,7 @@ __all__ = ["HostedServer", "create_app"]
 
 logger = logging.getLogger("gymhost")
 
+
 @dataclass(frozen=True)
 class HostedServer:
     """What ``create_app`` built, kept on ``app.state.gymhost`` for hosts and tools to inspect."""
