@@ -23,7 +23,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test lint typecheck test-unit test-gym04 test-gym07 test-soak demo schema bench bench-quick clean check-pythons
+.PHONY: test lint typecheck test-unit test-gym04 test-gym07 test-soak test-cluster demo schema bench bench-quick clean check-pythons
 
 check-pythons:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -56,16 +56,23 @@ test-unit: .venv/.installed
 	.venv/bin/pytest -m unit
 
 test-gym04: .venv-gym04/.installed
-	.venv-gym04/bin/pytest -m "nemo_gym and not soak"
+	.venv-gym04/bin/pytest -m "nemo_gym and not soak and not cluster"
 
 test-gym07: .venv-gym07/.installed
-	.venv-gym07/bin/pytest -m "nemo_gym and not soak"
+	.venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster"
 
 # The soak tier: many episodes with injected faults, bounded in time and count; once, on the current nemo-gym.
 test-soak: .venv-gym07/.installed
 	.venv-gym07/bin/pytest -m soak
 
-test: lint typecheck test-unit test-gym04 test-gym07 test-soak
+# The cluster tier: three replicas in network namespaces (root, iproute2) behind HAProxy (Debian package,
+# installed here when missing), on the current nemo-gym.
+test-cluster: .venv-gym07/.installed
+	@command -v haproxy >/dev/null || { apt-get update -q >/dev/null; apt-get install -y -q haproxy >/dev/null; }
+	@command -v ip >/dev/null || { apt-get update -q >/dev/null; apt-get install -y -q iproute2 >/dev/null; }
+	.venv-gym07/bin/pytest -m cluster
+
+test: lint typecheck test-unit test-gym04 test-gym07 test-soak test-cluster
 
 # The task format's JSON Schema is generated from its models; a unit test keeps the committed file current.
 schema: .venv/.installed
