@@ -153,6 +153,7 @@ def tables(results: dict[str, Any], source: str) -> str:
         " ![memory](concurrency.svg)"
     )
     lines += scale_tables(results.get("scale"))
+    lines += scale_out_tables(results.get("scale_out"))
     return "\n".join(lines)
 
 
@@ -186,6 +187,38 @@ def scale_tables(scale: dict[str, Any] | None) -> list[str]:
         f" tool call p50 / p99 {process['look'].get('p50_ms')} / {process['look'].get('p99_ms')} ms; gymhost's own"
         f" CPU {process['gymhost_cpu_ms_per_request']} ms a request; {process['errors']} errors |"
     )
+    return lines
+
+
+def scale_out_tables(out: dict[str, Any] | None) -> list[str]:
+    if not out:
+        return []
+    calls, played = out["tool_calls"], out["episodes"]
+    lines = [
+        "",
+        "**Scale-out** on this one two-core machine, where the load generator shares the cores with the servers: a"
+        " second worker can at best take the other core from the load generator, so the ratios show the cost of"
+        " several processes (and of forwarding) more than the gain several cores would bring:",
+        "",
+        "| measurement | --workers 1 | --workers 2 | ratio |",
+        "|---|---|---|---|",
+    ]
+    for index, label in ((0, "tool calls/s, one connection"), (1, "tool calls/s, 64 connections")):
+        one, two = calls["1"][index]["rps"], calls["2"][index]["rps"]
+        lines.append(f"| {label} (wrk, one seeded session) | {one:,.0f} | {two:,.0f} | {two / one:.2f} |")
+    one, two = played["1"]["episodes_per_s"], played["2"]["episodes_per_s"]
+    lines.append(f"| episodes/s, 64 at once (gridsim, in-process) | {one} | {two} | {two / one:.2f} |")
+    direct, front = out["one_replica_direct"], out["haproxy_3_replicas"]
+    lines += [
+        "",
+        f"At one connection, a request forwarded to the worker holding its session took {out['forwarded_mean_ms']}"
+        f" ms on average, end to end on the receiving worker, where the owner answered its own in"
+        f" {out['owner_mean_ms']} ms (means from the servers' own metrics): the forward's cost is the difference."
+        " (With one keep-alive connection, wrk's throughput depends on which worker accepted it: all its requests"
+        " are forwarded, or none.) Three replicas behind HAProxy with the deploy/ recipe played"
+        f" {front['episodes_per_s']} episodes/s ({front['errors']} errors) where one replica alone played"
+        f" {direct['episodes_per_s']} ({direct['errors']} errors), on the same two cores.",
+    ]
     return lines
 
 

@@ -11,6 +11,8 @@ the table in benchmarks/README.md.
    environment over MCP.
 3. Open episodes held by one server process (in-process instances, started on demand), level by level up to
    10,000: resident memory, and one tool call on every open episode at each level.
+5. Scale-out: `--workers 1` against `--workers 2` (tool calls and episodes), the cost of a request forwarded to the
+   worker that holds its session, and three replicas behind HAProxy (deploy/haproxy/haproxy.cfg) against one alone.
 4. Scale, on folders written with default options (the elastic pool): 256 episodes at once with a model's think
    time before each tool call; a cold burst of 200 seeds on a pool at its minimum (both instance modes); process
    mode at 64 concurrent episodes, with gymhost's own CPU time per bridged call.
@@ -307,6 +309,95 @@ def scale(root: Path, quick: bool) -> dict[str, Any]:
     return out
 
 
+def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def route_mean_ms(samples: dict[Any, float], route: str) -> float | None:
+    def total(name: str) -> float:
+        return sum(v for (n, labels), v in samples.items() if n == name and dict(labels).get("http_route") == route)
+
+    count = total("http_server_request_duration_seconds_count")
+    return round(total("http_server_request_duration_seconds_sum") / count * 1000, 3) if count else None
+
+
+HAPROXY_RECIPE = REPO / "deploy" / "haproxy" / "haproxy.cfg"
+
+
+def scale_out(root: Path, quick: bool) -> dict[str, Any]:
+    """Workers on one host, the cost of a forwarded request, and replicas behind HAProxy (the deploy/ recipe)."""
+    seconds = 2 if quick else 4
+    folder = gym_root() / EXAMPLE
+    row = json.loads((folder / "data" / "example.jsonl").read_text().splitlines()[0])
+    gridsim = write_gridsim(root / "scale-out", instances=300)
+    rows = str(gridsim / "data" / "eval.jsonl")
+    count = 64 if quick else 640
+    out: dict[str, Any] = {"tool_calls": {}, "episodes": {}}
+    for workers in (1, 2):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with server([*gymhost_serve(folder, port), "--workers", str(workers)], url):
+            cookie = seed_cookie(url, row)
+            wrk(f"{url}/get_weather", 16, 1, cookie)
+            before = scrape(url)
+            calls = [wrk(f"{url}/get_weather", 1, seconds, cookie)]
+            if workers == 2:  # one connection, no queueing: the seeded session lives on one worker, the other
+                # forwards its share to it; the servers' own metrics time both
+                during = {key: value - before.get(key, 0.0) for key, value in scrape(url).items()}
+                out["forwarded_mean_ms"] = route_mean_ms(during, "(forwarded)")
+                out["owner_mean_ms"] = route_mean_ms(during, "/get_weather")
+            calls.append(wrk(f"{url}/get_weather", 64, seconds, cookie))
+            out["tool_calls"][str(workers)] = calls
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with server([*gymhost_serve(gridsim, port), "--workers", str(workers)], url):
+            out["episodes"][str(workers)] = loadgen("episodes", url, rows, "--concurrency", "64", "--episodes",
+                                                    str(count), "--looks", "4", "--moves", "0")  # fmt: skip
+    for workers in ("1", "2"):
+        calls, played = out["tool_calls"][workers], out["episodes"][workers]
+        print(f"  --workers {workers}: tool calls {calls[0]['rps']:.0f}/s c=1, {calls[1]['rps']:.0f}/s c=64; "
+              f"{played['episodes_per_s']} episodes/s at 64")  # fmt: skip
+    print(f"  a forwarded request {out['forwarded_mean_ms']} ms mean, answered by its owner in {out['owner_mean_ms']}")
+    # Three replicas on this host behind HAProxy, against one replica alone, the same episodes.
+    with contextlib.ExitStack() as stack:
+        ports = [free_port() for _ in range(3)]
+        for n, port in enumerate(ports, 1):
+            stack.enter_context(server([*gymhost_serve(gridsim, port), "--replica-id", f"r{n}"],
+                                       f"http://127.0.0.1:{port}", ready="/readyz"))  # fmt: skip
+        front = free_port()
+        recipe = HAPROXY_RECIPE.read_text()
+        config = (
+            re.sub(r"(?m)^    server r\d .*\n?", "", recipe).rstrip()
+            + "\n"
+            + "".join(f"    server r{n} 127.0.0.1:{port} check cookie r{n}\n" for n, port in enumerate(ports, 1))
+        )
+        path = root / "haproxy.cfg"
+        path.write_text(config.replace("    bind :8080", f"    bind 127.0.0.1:{front}"))
+        haproxy = subprocess.Popen(["haproxy", "-db", "-f", str(path)], stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)  # fmt: skip
+        try:
+            time.sleep(3)  # health checks: rise 2 at 1 s
+            url = f"http://127.0.0.1:{front}"
+            out["haproxy_3_replicas"] = loadgen("episodes", url, rows, "--concurrency", "64", "--episodes",
+                                                str(count), "--looks", "4", "--moves", "0")  # fmt: skip
+            one = f"http://127.0.0.1:{ports[0]}"
+            out["one_replica_direct"] = loadgen("episodes", one, rows, "--concurrency", "64", "--episodes",
+                                                str(count), "--looks", "4", "--moves", "0")  # fmt: skip
+        finally:
+            haproxy.terminate()
+            haproxy.wait(10)
+    print(f"  3 replicas behind HAProxy: {out['haproxy_3_replicas']['episodes_per_s']} episodes/s; one replica "
+          f"direct: {out['one_replica_direct']['episodes_per_s']}")  # fmt: skip
+    return out
+
+
 def machine() -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())  # fmt: skip
@@ -371,6 +462,8 @@ def main() -> None:
         results["concurrency"] = concurrency(Path(scratch), levels)
         print("scale:")
         results["scale"] = scale(Path(scratch), args.quick)
+        print("scale-out:")
+        results["scale_out"] = scale_out(Path(scratch), args.quick)
     results["ratios"] = ratios(results)
     stamp = results["date"][:10] + ("-quick" if args.quick else "")
     (HERE / "results").mkdir(exist_ok=True)
