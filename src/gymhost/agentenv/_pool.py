@@ -24,6 +24,7 @@ from typing import Any
 from .._exceptions import GymhostError
 from ._catalog import card_tools
 from ._config import PoolSettings
+from ._counters import Counters
 from ._exceptions import DataPlaneError, EnvUnavailableError, PoolExhaustedError, StartupError
 from ._grading import merge_state
 from ._launchers import Instance, Launcher
@@ -36,7 +37,6 @@ logger = logging.getLogger("gymhost.agentenv")
 _PROBE_INTERVAL_S = 1.0  # how often a broken URL instance is asked for its card
 _URL_CHECK_EVERY_S = 5.0  # how often a free URL instance is asked, so one that went quiet is out before a seed
 _START_RETRY_S = 1.0  # after a failed start, before the pool tries again
-_LOG_EVERY_S = 10.0  # at most one warning this often about seeds that waited in vain, or starts that failed
 
 
 class Pool:
@@ -48,8 +48,8 @@ class Pool:
         self.instances: list[Instance] = []
         self.card: dict[str, Any] = {}  # the environment's card, once started
         self.hidden_tools: set[str] = set()  # tools its tools/list hides from models
-        self.counters = dict.fromkeys(
-            ("lease_timeouts", "instances_started", "instances_stopped", "instances_replaced", "start_failures"), 0
+        self.counters = Counters(
+            ("lease_timeouts", "instances_started", "instances_stopped", "instances_replaced", "start_failures"), logger
         )
         self._retired_leased: set[Instance] = set()  # retired while an episode held them: stopped on release
         self._free: deque[Instance] = deque()  # the most recently freed last: it is leased first, the others age
@@ -60,8 +60,6 @@ class Pool:
         self._next_index = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self._stopping = False
-        self._logged_at: dict[str, float] = {}
-        self._unlogged: dict[str, int] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
 
@@ -191,7 +189,7 @@ class Pool:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 return waiter.result()  # handed over in the same instant
             waiter.cancel()
-            self._count("lease_timeouts", self._exhausted_message())
+            self.counters.warn("lease_timeouts", self._exhausted_message())
             raise PoolExhaustedError(self._exhausted_message()) from None
         except BaseException:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
@@ -254,7 +252,7 @@ class Pool:
             instance = await self._bring_up()
         except Exception as error:
             self._starting -= 1
-            self._count("start_failures", f"an environment instance did not start: {error}")
+            self.counters.warn("start_failures", f"an environment instance did not start: {error}")
             if not self._stopping:
                 await asyncio.sleep(_START_RETRY_S)
                 self._grow()
@@ -400,15 +398,6 @@ class Pool:
         task = asyncio.create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    def _count(self, counter: str, message: str) -> None:
-        """Count an event, and log it at most once every ``_LOG_EVERY_S`` with how many happened since."""
-        self.counters[counter] += 1
-        self._unlogged[counter] = self._unlogged.get(counter, 0) + 1
-        now = asyncio.get_running_loop().time()
-        if now - self._logged_at.get(counter, float("-inf")) >= _LOG_EVERY_S:
-            logger.warning("%s (%d such since the last warning)", message, self._unlogged[counter])
-            self._logged_at[counter], self._unlogged[counter] = now, 0
 
     # -- what an operator sees -----------------------------------------------------------------------------------
 
