@@ -24,6 +24,7 @@ from ._config import SERVERS, ServeConfig
 from ._exceptions import ServeError
 from ._lifespan_runner import LifespanRunner
 from ._logging import logging_config
+from ._metrics import open_episodes_of_all_workers
 from ._process import process_state
 
 logger = logging.getLogger("gymhost")
@@ -163,7 +164,7 @@ class _DrainingUvicorn(_uvicorn_server()):  # type: ignore[misc]
 async def drain(timeout: float) -> None:
     """Take no new episodes, and wait until the open ones have ended or ``timeout`` has passed."""
     process_state.begin_drain()
-    open_now = process_state.open_episodes()
+    open_now = _still_open()
     logger.warning(
         "draining: no new episodes; waiting up to %gs for %d open episode(s) to end (a second signal stops at once)",
         timeout,
@@ -172,11 +173,19 @@ async def drain(timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while open_now and time.monotonic() < deadline:
         await asyncio.sleep(_DRAIN_POLL_S)
-        open_now = process_state.open_episodes()
+        open_now = _still_open()
     if open_now:
         logger.warning("drain timeout: %d episode(s) still open end masked as shutdown", open_now)
     else:
         logger.warning("drained: every open episode has ended")
+
+
+def _still_open() -> int:
+    """This process's open episodes; a worker also waits for its siblings', whose requests it may be accepting and
+    forwarding, so that no worker stops serving while the replica still has episodes (``_metrics``' aggregate of
+    every worker's gauge, refreshed each second, counts them)."""
+    own = process_state.open_episodes()
+    return max(own, open_episodes_of_all_workers()) if process_state.workers_dir else own
 
 
 def _run_hypercorn(app: Any, sockets: list[socket.socket], config: ServeConfig) -> None:
