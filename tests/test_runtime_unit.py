@@ -16,6 +16,7 @@ from agentenv_protocol import ToolResult
 from gymhost.agentenv import Task
 from gymhost.agentenv._config import EpisodeSettings
 from gymhost.agentenv._exceptions import EnvDroppedError, EpisodeStateError, PoolExhaustedError, SessionConflictError
+from gymhost.agentenv._grading import Outcome, evaluate
 from gymhost.agentenv._outcomes import Failure, breaks_instance
 from gymhost.agentenv._runtime import Runtime
 
@@ -66,16 +67,13 @@ class FakeClient:
         self.tool_gate: Gate | None = None
         self.tool_error: Exception | None = None
 
-    async def add(self, parts: list[dict[str, Any]]) -> None:
+    async def load(self, task: Task) -> None:
         if self.add_gate is not None:
             await self.add_gate.pass_through()
-        self.count = parts[0]["data"]["start"]
+        self.count = task.seed.parts[0].data["start"]  # type: ignore[union-attr]
 
-    async def get(self) -> list[dict[str, Any]]:
-        return [{"kind": "data", "data": {"count": self.count}}]
-
-    async def call_extension(self, card: dict[str, Any], uri: str, method: str | None, params: dict[str, Any]) -> Any:
-        raise AssertionError("the counter task grades no extension")
+    async def grade(self, card: dict[str, Any], task: Task, final_text: str) -> Outcome:
+        return evaluate(task.grading, state={"count": self.count}, extension_scores={}, final_text=final_text)
 
     def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> FakeTools:
         return FakeTools(self)

@@ -49,7 +49,10 @@ from ._exceptions import (
     McpMalformedReplyError,
     McpSessionError,
 )
+from ._grader import grade
+from ._grading import Outcome
 from ._interfaces import ToolSession
+from ._tasks import Task
 
 __all__ = ["EnvClient", "McpSession"]
 
@@ -86,6 +89,14 @@ class EnvClient:
 
     async def reset(self) -> None:
         await self._rpc(METHOD_RESET, {})
+
+    async def load(self, task: Task) -> None:
+        """A task's seed data, in one ``data/add`` after the pool's reset (none: the reset state)."""
+        if task.seed.parts:
+            await self.add([part.model_dump(mode="json", exclude_none=True) for part in task.seed.parts])
+
+    async def grade(self, card: dict[str, Any], task: Task, final_text: str) -> Outcome:
+        return await grade(self, card, task, final_text)
 
     async def add(self, parts: list[dict[str, Any]]) -> None:
         await self._rpc(METHOD_ADD, {"parts": parts})

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from agentenv_protocol import ToolResult
 
+from ._grading import Outcome
 from ._outcomes import Failure
 
 __all__ = ["EnvironmentClient", "InstancePool", "LeasedInstance", "ToolSession"]
@@ -27,14 +28,12 @@ class ToolSession(Protocol):
 
 
 class EnvironmentClient(Protocol):
-    """What an episode asks of its instance (``_env_client.EnvClient``)."""
+    """What an episode asks of its instance (``_env_client.EnvClient``): to take on a task (once the pool has reset
+    it), to open a tool session, and to grade what was done."""
 
-    async def add(self, parts: list[dict[str, Any]]) -> None: ...
-    async def get(self) -> list[dict[str, Any]]: ...
-    async def call_extension(
-        self, card: dict[str, Any], uri: str, method: str | None, params: dict[str, Any]
-    ) -> Any: ...
+    async def load(self, task: Any) -> None: ...
     def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> ToolSession: ...
+    async def grade(self, card: dict[str, Any], task: Any, final_text: str) -> Outcome: ...
 
 
 class LeasedInstance(Protocol):

@@ -22,11 +22,10 @@ from ._catalog import check_tasks, policy_tools
 from ._config import EpisodeSettings
 from ._episode import Episode, Reply, episode_ended, log_fields
 from ._exceptions import EpisodeStateError, SessionConflictError, StartupError, UnknownTaskError
-from ._grading import evaluate, extension_score, merge_state
 from ._interfaces import InstancePool
 from ._memory import Memory
 from ._outcomes import CANCELLED, SESSION_EXPIRED, SHUTDOWN, TIMEOUT, Failure, Verdict, classify
-from ._tasks import ExtensionCriterion, StateCriterion, Task
+from ._tasks import Task
 
 __all__ = ["Episode", "Reply", "Runtime"]
 
@@ -232,9 +231,7 @@ class Runtime:
                 finally:
                     self.metrics.seed_waited(time.perf_counter() - began)
                 client = episode.instance.client
-                if episode.task.seed.parts:
-                    parts = [part.model_dump(mode="json", exclude_none=True) for part in episode.task.seed.parts]
-                    await client.add(parts)
+                await client.load(episode.task)
                 episode.tools = await client.tool_session(
                     self.card, role=self.settings.role, timeout=self.settings.tool_timeout_s
                 ).open()
@@ -292,22 +289,14 @@ class Runtime:
         return "no episode for this session: call /seed_session first, and send the cookies it answers"
 
     async def _grade(self, episode: Episode, final_text: str) -> Verdict:
+        """The instance's client grades (the task's criteria, the environment's own reward); one that cannot masks
+        the episode, never scores it."""
         assert episode.instance is not None
-        client = episode.instance.client
-        grading = episode.task.grading
         try:
-            state = None
-            if any(isinstance(criterion, StateCriterion) for criterion in grading.criteria):
-                state = merge_state(await client.get())
-            scores: dict[int, float] = {}
-            for index, criterion in enumerate(grading.criteria):
-                if isinstance(criterion, ExtensionCriterion):
-                    answer = await client.call_extension(self.card, criterion.uri, criterion.method, criterion.params)
-                    scores[index] = extension_score(criterion, answer)
+            outcome = await episode.instance.client.grade(self.card, episode.task, final_text)
         except Exception as error:
             episode.failure = classify(error, stage="grading")
             return Verdict.masked(episode.task.id, episode.failure)
-        outcome = evaluate(grading, state=state, extension_scores=scores, final_text=final_text)
         return Verdict(episode.task.id, outcome.reward, outcome.results)
 
     async def _end(self, episode: Episode, failure: Failure | None) -> None:
