@@ -94,8 +94,19 @@ def serving(
     try:
         _wait_until_ready(server, ready_path)
         yield server
-    finally:
+    except BaseException as error:
+        # The test failed already: its own error is the one to read, with the server's output beside it; a server
+        # that then ignores SIGTERM too is only added to the note.
+        try:
+            server.stop()
+        except AssertionError as stop_error:
+            error.add_note(str(stop_error))
+        else:
+            error.add_note(f"server output:\n{server.output}")
+        raise
+    else:
         server.stop()
+    finally:
         reader.join(5)
 
 

@@ -191,14 +191,13 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
     # starting when the server is killed.
     with serving(command, env={"FAULTY_START_DELAY": "2"}) as server:
         instances = {instance["pid"] for instance in pool_status_of(server.url)["instances"]}
+        template = parent(next(iter(instances)))  # read while every instance is alive: one is about to crash
         async with EpisodeClient(server.url) as stuck, EpisodeClient(server.url) as crashed:
             await asyncio.gather(stuck.seed(row), crashed.seed(row))
             hanging = asyncio.create_task(stuck.call_tool("hang"))
             await await_for("a tool call is hanging in an instance", lambda: any_instance_hanging(server.url))
             await refused(crashed.call_tool("crash"))
             assert (await crashed.verify(row))["mask_sample"] is True  # its instance goes to be replaced
-
-            template = parent(next(iter(instances)))
 
             def replacement_starting() -> list[int]:
                 alive_instances = [pid for pid in children(template) if alive(pid)]
