@@ -7,6 +7,8 @@
 #   .venv-gym04  Python 3.12, nemo-gym 0.4.0 (the version verifiers pins).
 #   .venv-gym07  Python 3.13, nemo-gym 0.7.0. nemo-gym >= 0.5 declares Requires-Python >= 3.13.14 and these
 #                machines have 3.13.0, so it is installed with --ignore-requires-python (it runs fine).
+# and one that is not gymhost's: .venv-openenv (Python 3.12, openenv 0.10.0) runs the OpenEnv example server the
+# nemo_gym tiers write from (its dependencies conflict with nemo-gym 0.4.0's).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -52,14 +54,21 @@ lint: .venv/.installed
 typecheck: .venv-gym04/.installed
 	.venv-gym04/bin/mypy
 
+.venv-openenv/.installed: examples/openenv_sums/requirements.txt | check-pythons
+	rm -rf .venv-openenv && $(PY312) -m venv .venv-openenv
+	.venv-openenv/bin/pip install -q -r examples/openenv_sums/requirements.txt $(PIP_QUIET)
+	touch $@
+
+OPENENV := GYMHOST_OPENENV_PYTHON=$(CURDIR)/.venv-openenv/bin/python
+
 test-unit: .venv/.installed
 	.venv/bin/pytest -m unit
 
-test-gym04: .venv-gym04/.installed
-	.venv-gym04/bin/pytest -m "nemo_gym and not soak and not cluster"
+test-gym04: .venv-gym04/.installed .venv-openenv/.installed
+	$(OPENENV) .venv-gym04/bin/pytest -m "nemo_gym and not soak and not cluster"
 
-test-gym07: .venv-gym07/.installed
-	.venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster"
+test-gym07: .venv-gym07/.installed .venv-openenv/.installed
+	$(OPENENV) .venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster"
 
 # The soak tier: many episodes with injected faults, bounded in time and count; once, on the current nemo-gym.
 test-soak: .venv-gym07/.installed
@@ -94,4 +103,4 @@ bench-quick: .venv-gym07/.installed
 	cd benchmarks && ../.venv-gym07/bin/python run.py --quick
 
 clean:
-	rm -rf .venv .venv-gym04 .venv-gym07 .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .venv-gym04 .venv-gym07 .venv-openenv .pytest_cache .mypy_cache .ruff_cache

@@ -277,8 +277,8 @@ def serve(
     default=None,
     metavar="K|MIN:MAX",
     callback=_instances,
-    help="A bundle's instances (= episodes at once): K for a fixed pool, MIN:MAX for one that grows on demand and "
-    "shrinks when idle. Default: "
+    help="A bundle's instances or an OpenEnv server's sessions (= episodes at once): K for a fixed pool, MIN:MAX "
+    "for one that grows on demand and shrinks when idle. Default: "
     + ", ".join(f"{low}:{high} {mode.replace('_', '-')}" for mode, (low, high) in DEFAULT_INSTANCES.items())
     + ".",
 )
@@ -288,6 +288,13 @@ def serve(
     default=SourceConfig.model_fields["mode"].default,
     show_default=True,
     help="Bundle instances as processes of their own, or inside the server (for thousands of episodes at once).",
+)
+@click.option(
+    "--prompt-field",
+    default=None,
+    metavar="POINTER",
+    help="OpenEnv: where tasks keep their prompts, a JSON pointer into the task, then into the reset observation "
+    "(default: the task's /prompt, then the observation's /metadata/prompt).",
 )
 @click.option("--force", is_flag=True, help="Replace the folder if it exists.")
 def write(
@@ -299,12 +306,13 @@ def write(
     urls: tuple[str, ...],
     instances: str | None,
     mode: str,
+    prompt_field: str | None,
     force: bool,
 ) -> None:
     """Write ROOT/resources_servers/<name>/ for the agent environment at SOURCE.
 
-    SOURCE is a bundle folder (env.py and tasks/<split>.jsonl) or the URL of a running agentenv environment
-    (with --tasks FILE).
+    SOURCE is a bundle folder (env.py and tasks/<split>.jsonl), the URL of a running OpenEnv server (its Task API
+    gives the tasks), or the URL of a running agentenv environment (with --tasks FILE).
     """
     from .agentenv import write_folder
 
@@ -318,6 +326,7 @@ def write(
             urls=urls,
             instances=instances,
             mode=mode,
+            prompt_field=prompt_field,
             force=force,
         )
     except GymhostError as error:

@@ -15,7 +15,7 @@ from agentenv_protocol.client import find_extension
 
 from .._nemo_gym import GYM_ROUTE_NAMES as GYM_ROUTES
 from ._exceptions import CatalogError
-from ._tasks import ExtensionCriterion, Task
+from ._tasks import EnvironmentCriterion, ExtensionCriterion, StateCriterion, Task
 
 __all__ = ["GYM_ROUTES", "CatalogError", "card_tools", "check_tasks", "policy_tools", "responses_tool"]
 
@@ -64,7 +64,8 @@ def responses_tool(tool: dict[str, Any]) -> dict[str, Any]:
 def check_tasks(
     tasks: dict[str, list[Task]], card: dict[str, Any], tool_names: Iterable[str], hidden: Iterable[str]
 ) -> None:
-    """Every reference solution calls tools the policy has; every grade extension is on the card.
+    """Every reference solution calls tools the policy has; every grade extension is on the card; a task is seeded
+    and graded the way its environment's protocol can (an OpenEnv card says ``"protocol": "openenv"``).
 
     ``tasks`` maps where the tasks came from (a file, a split) to them, for the error messages.
     """
@@ -82,7 +83,28 @@ def check_tasks(
                         f"{path}: task {task.id!r}: its solution calls {call.name!r}, which environment "
                         f"{card['name']!r} does not offer (tools: {', '.join(sorted(allowed))})"
                     )
+            openenv = card.get("protocol") == "openenv"
+            if openenv and (task.seed.reset is None or task.seed.parts):
+                raise CatalogError(
+                    f"{path}: task {task.id!r}: an OpenEnv task is seeded by seed.reset (the data of its reset "
+                    "message, e.g. the split and index), not by data parts"
+                )
+            if not openenv and task.seed.reset is not None:
+                raise CatalogError(
+                    f"{path}: task {task.id!r}: seed.reset is for OpenEnv environments; {card['name']!r} is an "
+                    "agentenv environment, seeded by seed.parts"
+                )
             for criterion in task.grading.criteria:
+                if openenv and isinstance(criterion, StateCriterion | ExtensionCriterion):
+                    raise CatalogError(
+                        f"{path}: task {task.id!r}: a {criterion.kind} criterion needs the agentenv data plane; an "
+                        'OpenEnv environment is graded by its own reward ({"kind": "environment"}) or the final text'
+                    )
+                if not openenv and isinstance(criterion, EnvironmentCriterion):
+                    raise CatalogError(
+                        f"{path}: task {task.id!r}: grades with the environment's own reward, which agentenv "
+                        f"environment {card['name']!r} does not give; use state, response or extension criteria"
+                    )
                 if isinstance(criterion, ExtensionCriterion) and find_extension(card, criterion.uri) is None:
                     raise CatalogError(
                         f"{path}: task {task.id!r}: grades with extension {criterion.uri}, which environment "

@@ -32,12 +32,14 @@ Mode = Literal["process", "in_process"]
 #   has about 15 MB of its own (proportional set size 16 MB), so 256 of them take about 4 GiB of the 24 GiB machines
 #   this is tested on, leaving room for environments heavier than gridsim; past that, seeds wait for releases;
 # - in_process: an idle in-process instance is about 150 KB, so the bound is CPU, not memory: 512.
-DEFAULT_INSTANCES: Final[dict[str, tuple[int, int]]] = {"process": (4, 256), "in_process": (4, 512)}
+# An OpenEnv server's instances are its sessions, which the server bounds (``max_concurrent_envs``, 1 unless its
+# author raised it): one, and seeds beyond it wait for it; say the server's number with --instances.
+DEFAULT_INSTANCES: Final[dict[str, tuple[int, int]]] = {"process": (4, 256), "in_process": (4, 512), "openenv": (1, 1)}
 
 
 def instance_range(value: int | str | None, mode: str) -> tuple[int, int]:
     """``--instances`` as (minimum, maximum): ``K`` is a fixed pool of K, ``MIN:MAX`` grows and shrinks between
-    the two, nothing is the mode's default."""
+    the two, nothing is the default of ``mode`` (a bundle's mode, or ``openenv``)."""
     if value is None:
         return DEFAULT_INSTANCES[mode.replace("-", "_")]
     if isinstance(value, int):
@@ -59,18 +61,25 @@ class SourceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["bundle", "urls"]
+    kind: Literal["bundle", "urls", "openenv"]
     path: str | None = Field(default=None, description="bundle: its folder, relative to the server folder")
     mode: Mode = Field(
         default="process", description="bundle: one process per instance, or instances inside the server"
     )
     instances: int = Field(
-        default=DEFAULT_INSTANCES["process"][0], ge=1, description="bundle: instances always up (the pool's minimum)"
+        default=DEFAULT_INSTANCES["process"][0],
+        ge=1,
+        description="bundle, openenv: instances always up (the pool's minimum)",
     )
     max_instances: int | None = Field(
-        default=None, ge=1, description="bundle: the most instances (= concurrent episodes); unset: a fixed pool"
+        default=None,
+        ge=1,
+        description="bundle, openenv: the most instances (= concurrent episodes); unset: a fixed pool",
     )
-    urls: list[str] = Field(default_factory=list, description="urls: one base URL per independent instance")
+    urls: list[str] = Field(
+        default_factory=list,
+        description="urls: one base URL per independent instance; openenv: the one URL of the OpenEnv server",
+    )
 
     @model_validator(mode="after")
     def _maximum_above_minimum(self) -> Self:

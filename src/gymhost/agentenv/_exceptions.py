@@ -18,6 +18,7 @@ __all__ = [
     "CatalogError",
     "CheckError",
     "DataPlaneError",
+    "EnvAtCapacityError",
     "EnvDroppedError",
     "EnvTimeoutError",
     "EnvUnavailableError",
@@ -82,6 +83,10 @@ class EnvTimeoutError(EnvUnavailableError):
 
 class EnvDroppedError(EnvUnavailableError):
     """The instance dropped the connection in the middle of a call: it crashed, or was killed."""
+
+
+class EnvAtCapacityError(EnvUnavailableError):
+    """The environment server refused another session (OpenEnv's ``CAPACITY_REACHED``) for longer than the limit."""
 
 
 class DataPlaneError(GymhostError):

@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._tasks import ExtensionCriterion, Grading, ResponseCriterion, StateCriterion
+from ._tasks import EnvironmentCriterion, ExtensionCriterion, Grading, ResponseCriterion, StateCriterion
 
-__all__ = ["CriterionResult", "Outcome", "evaluate", "extension_score", "merge_state", "resolve_pointer"]
+__all__ = ["MISSING", "CriterionResult", "Outcome", "evaluate", "extension_score", "merge_state", "resolve_pointer"]
 
-_MISSING: Any = object()
+MISSING: Any = object()  # what resolve_pointer answers for a path that is not there
 
 
 @dataclass(frozen=True)
@@ -45,11 +45,13 @@ def evaluate(
     state: Mapping[str, Any] | None,
     extension_scores: Mapping[int, float],
     final_text: str,
+    environment: tuple[float, str] | None = None,
 ) -> Outcome:
-    """The reward in [0, 1] and each criterion's score.
+    """The reward (in [0, 1], unless the environment's own reward is the grading) and each criterion's score.
 
     ``state`` is the merged ``data/get`` object (only read when a state criterion exists); ``extension_scores``
-    maps the index of each extension criterion to the score its extension call produced.
+    maps the index of each extension criterion to the score its extension call produced; ``environment`` is the
+    reward the environment gave and how (only read for an environment criterion, which stands alone).
     """
     results: list[CriterionResult] = []
     for index, criterion in enumerate(grading.criteria):
@@ -59,6 +61,9 @@ def evaluate(
             score, detail = _state_score(criterion, state)
         elif isinstance(criterion, ResponseCriterion):
             score, detail = _response_score(criterion, final_text)
+        elif isinstance(criterion, EnvironmentCriterion):
+            assert environment is not None, "an environment criterion needs the environment's reward"
+            score, detail = environment
         else:
             score, detail = extension_scores[index], f"{criterion.uri} scored {extension_scores[index]:g}"
         results.append(CriterionResult(name, criterion.kind, score, detail))
@@ -86,7 +91,7 @@ def merge_state(parts: Sequence[Any]) -> dict[str, Any]:
 
 
 def resolve_pointer(document: Any, pointer: str) -> Any:
-    """RFC 6901 JSON pointer lookup; ``_MISSING`` when the path does not exist.
+    """RFC 6901 JSON pointer lookup; ``MISSING`` when the path does not exist.
 
     Written here rather than taken from the ``jsonpointer`` package: it is fifteen lines and the only pointer
     operation gymhost needs.
@@ -98,20 +103,20 @@ def resolve_pointer(document: Any, pointer: str) -> Any:
         token = token.replace("~1", "/").replace("~0", "~")
         if isinstance(current, Mapping):
             if token not in current:
-                return _MISSING
+                return MISSING
             current = current[token]
         elif isinstance(current, list):
             if not token.isdigit() or int(token) >= len(current) or (token != "0" and token.startswith("0")):
-                return _MISSING
+                return MISSING
             current = current[int(token)]
         else:
-            return _MISSING
+            return MISSING
     return current
 
 
 def _state_score(criterion: StateCriterion, state: Mapping[str, Any]) -> tuple[float, str]:
     value = resolve_pointer(state, criterion.path)
-    if value is _MISSING:
+    if value is MISSING:
         return 0.0, f"{criterion.path} is not in the state"
     shown = json.dumps(value)[:120]
     if "equals" in criterion.model_fields_set:
@@ -142,6 +147,8 @@ def _response_score(criterion: ResponseCriterion, final_text: str) -> tuple[floa
 
 
 def _combine(grading: Grading, results: list[CriterionResult]) -> float:
+    if isinstance(grading.criteria[0], EnvironmentCriterion):  # alone, by the task format
+        return results[0].score
     if grading.combine == "all_pass":
         return 1.0 if all(result.passed for result in results) else 0.0
     weights = [criterion.weight for criterion in grading.criteria]

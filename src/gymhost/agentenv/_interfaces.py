@@ -1,6 +1,6 @@
 """What the episode state machine (``_runtime``) needs of the pool and its instances, as protocols.
 
-A server gives it ``_pool.Pool``, whose instances talk to environments through ``_env_client.EnvClient``; the unit
+A server gives it ``_pool.Pool``, whose instances talk to environments through an ``InstanceClient``; the unit
 tests give it a fake pool whose instances answer in memory, to drive races between seeds, tool calls, verifies,
 closes and expiry directly.
 """
@@ -14,7 +14,7 @@ from agentenv_protocol import ToolResult
 from ._grading import Outcome
 from ._outcomes import Failure
 
-__all__ = ["EnvironmentClient", "InstancePool", "LeasedInstance", "ToolSession"]
+__all__ = ["EnvironmentClient", "InstanceClient", "InstancePool", "LeasedInstance", "ToolSession"]
 
 
 class ToolSession(Protocol):
@@ -34,6 +34,19 @@ class EnvironmentClient(Protocol):
     async def load(self, task: Any) -> None: ...
     def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> ToolSession: ...
     async def grade(self, card: dict[str, Any], task: Any, final_text: str) -> Outcome: ...
+
+
+class InstanceClient(EnvironmentClient, Protocol):
+    """All an instance's client answers: the episode's part, and the pool's (the card, a reset between episodes,
+    the state for the pool view). ``_env_client.EnvClient`` speaks agentenv, ``_openenv.OpenEnvClient`` OpenEnv."""
+
+    base_url: str
+
+    async def card(self) -> dict[str, Any]: ...
+    async def hidden_tools(self, card: dict[str, Any]) -> set[str]: ...
+    async def reset(self) -> None: ...
+    async def get(self) -> list[dict[str, Any]]: ...
+    async def aclose(self) -> None: ...
 
 
 class LeasedInstance(Protocol):

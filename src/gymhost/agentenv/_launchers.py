@@ -8,6 +8,8 @@ A ``Launcher`` brings one instance up and takes it down; the pool (``_pool``) de
 - ``InProcessLauncher``: instances of the environment class inside the server, each reached through an in-memory
   ASGI transport. Same protocol, same behaviour, no process per episode: the way to hold hundreds of episodes.
 - ``UrlLauncher``: instances someone else runs.
+
+(``_openenv.OpenEnvLauncher`` is a fourth: sessions on an OpenEnv server.)
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ._config import PoolSettings
 from ._direct import DirectToolSession
 from ._env_client import EnvClient
 from ._exceptions import StartupError
-from ._interfaces import ToolSession
+from ._interfaces import InstanceClient, ToolSession
 from ._schema_cache import install as install_schema_cache
 
 __all__ = [
@@ -65,7 +67,7 @@ class InstanceProcess(Protocol):
 @dataclass(eq=False)
 class Instance:
     index: int
-    client: EnvClient
+    client: InstanceClient
     process: InstanceProcess | None = None
     hosted: _Hosted | None = None
     leased: bool = False

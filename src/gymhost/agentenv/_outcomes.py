@@ -14,6 +14,7 @@ import httpx
 
 from ._exceptions import (
     DataPlaneError,
+    EnvAtCapacityError,
     EnvDroppedError,
     EnvTimeoutError,
     EnvUnavailableError,
@@ -84,7 +85,7 @@ def breaks_instance(failure: Failure | None) -> bool:
 def classify(error: BaseException, *, stage: str) -> Failure:
     """Name an infrastructure failure in nemo-gym's vocabulary; ``stage`` says what was being done."""
     reason = f"{stage}: {error}"
-    if isinstance(error, PoolExhaustedError):
+    if isinstance(error, PoolExhaustedError | EnvAtCapacityError):
         return Failure(NO_INSTANCE, reason)
     if isinstance(error, TimeoutError | httpx.TimeoutException | EnvTimeoutError):
         return Failure(TIMEOUT, reason)

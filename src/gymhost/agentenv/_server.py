@@ -26,6 +26,7 @@ from .._lifespan import wrap_lifespan
 from ._config import EpisodeFields, EpisodeSettings, PoolFields, PoolSettings, SourceConfig
 from ._exceptions import EpisodeStateError, SessionConflictError, UnknownTaskError
 from ._launchers import ENTRY, InProcessLauncher, Launcher, UrlLauncher
+from ._openenv import OpenEnvLauncher
 from ._outcomes import Verdict
 from ._pool import Pool
 from ._processes import BundleLauncher
@@ -292,6 +293,10 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             if source.mode == "in_process":
                 return InProcessLauncher(bundle)
             return BundleLauncher(bundle)
+        if source.kind == "openenv":
+            if len(source.urls) != 1:
+                raise FolderError(f"{type(self).__name__}: source.kind is openenv; source.urls needs its one URL")
+            return OpenEnvLauncher(source.urls[0], self.config.environment)
         if not source.urls:
             raise FolderError(f"{type(self).__name__}: source.kind is urls but source.urls is empty")
         return UrlLauncher(source.urls)

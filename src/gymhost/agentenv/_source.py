@@ -1,7 +1,10 @@
-"""What ``gymhost write`` writes from: a bundle folder, or the URLs of running environment instances.
+"""What ``gymhost write`` writes from: a bundle folder, the URL of an OpenEnv server, or the URLs of running
+agentenv environment instances.
 
-Either way the card comes from a live environment (a bundle is started once, on loopback, to ask it), so what is
-written is what the server will find when it starts: the tools, the hidden ones, and the grade extensions.
+Either way the card comes from a live environment (a bundle is started once, on loopback, to ask it; an OpenEnv
+server is asked for its tools over a session), so what is written is what the server will find when it starts: the
+tools, the hidden ones, and the grade extensions. A URL is an OpenEnv server when its Task API names environments
+(``GET /list_environments``); its tasks come from that API, unless ``--tasks`` gives them.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from ._config import PoolSettings
 from ._env_client import EnvClient
 from ._exceptions import DataPlaneError, EnvUnavailableError, SourceError
 from ._launchers import ENTRY
+from ._openenv import OpenEnvLauncher, TaskApi
+from ._openenv_tasks import openenv_tasks
 from ._pool import Pool
 from ._processes import BundleLauncher
 from ._tasks import Task, load_task_folder, load_tasks
@@ -26,7 +31,7 @@ __all__ = ["Source", "inspect_source"]
 
 @dataclass
 class Source:
-    kind: Literal["bundle", "urls"]
+    kind: Literal["bundle", "urls", "openenv"]
     card: dict[str, Any]
     tools: list[dict[str, Any]]
     tasks: dict[str, list[Task]]
@@ -40,13 +45,34 @@ class Source:
 
 
 async def inspect_source(
-    source: str, *, extra_urls: Sequence[str] = (), tasks_file: Path | None = None, split: str | None = None
+    source: str,
+    *,
+    extra_urls: Sequence[str] = (),
+    tasks_file: Path | None = None,
+    split: str | None = None,
+    prompt_field: str | None = None,
 ) -> Source:
     """Resolve SOURCE, validate its tasks, and read its card from a live instance."""
     if source.startswith(("http://", "https://")):
+        api = TaskApi(source, timeout=PoolSettings().data_timeout_s)
+        try:
+            environments = await api.environments()
+            if environments is not None:
+                if extra_urls:
+                    raise SourceError(f"{source}: an OpenEnv server is one URL; --url is for agentenv instances")
+                return await _inspect_openenv(api, environments, tasks_file, split, prompt_field)
+        finally:
+            await api.aclose()
+        if prompt_field is not None:
+            raise SourceError(f"{source}: --prompt-field is for OpenEnv servers, whose tasks carry their prompts")
         if tasks_file is None:
-            raise SourceError(f"{source}: an environment URL has no tasks of its own; give them with --tasks FILE")
+            raise SourceError(
+                f"{source}: not an OpenEnv server (GET /list_environments names no environment), and an agentenv "
+                "environment has no tasks of its own: give them with --tasks FILE"
+            )
         return await _inspect_urls([source, *extra_urls], tasks_file, split)
+    if prompt_field is not None:
+        raise SourceError(f"{source}: --prompt-field is for OpenEnv servers; a bundle's tasks hold their prompts")
     if extra_urls:
         raise SourceError("--url adds instances to an environment URL source; a bundle starts its own instances")
     if tasks_file is not None:
@@ -92,10 +118,37 @@ async def _inspect_urls(urls: list[str], tasks_file: Path, split: str | None) ->
     return _checked(Source("urls", cards[0], [], tasks, files, urls=[c.base_url for c in clients]), hidden)
 
 
+async def _inspect_openenv(
+    api: TaskApi, environments: list[str], tasks_file: Path | None, split: str | None, prompt_field: str | None
+) -> Source:
+    if len(environments) != 1:
+        raise SourceError(
+            f"{api.base_url}: serves {len(environments)} environments ({', '.join(environments)}); "
+            "gymhost writes a server for one"
+        )
+    launcher = OpenEnvLauncher(api.base_url, environments[0])
+    try:
+        card = await launcher.card(PoolSettings().data_timeout_s)
+    except (EnvUnavailableError, DataPlaneError) as error:
+        raise SourceError(f"{api.base_url}: the OpenEnv server's tools could not be listed over /ws: {error}") from None
+    if tasks_file is not None:
+        if prompt_field is not None:
+            raise SourceError("--prompt-field reads the OpenEnv server's tasks; tasks from --tasks hold their prompts")
+        tasks = {split or tasks_file.stem: load_tasks(tasks_file)}
+        files = {name: tasks_file.resolve() for name in tasks}
+    else:
+        try:
+            tasks = await openenv_tasks(api, launcher, split, prompt_field)
+        except (EnvUnavailableError, DataPlaneError) as error:
+            raise SourceError(f"{api.base_url}: reading the prompts from the tasks' resets failed: {error}") from None
+        files = {}
+    return _checked(Source("openenv", card, [], tasks, files, urls=[api.base_url]), set())
+
+
 def _checked(source: Source, hidden: set[str]) -> Source:
     source.tools = policy_tools(source.card, hidden)
     check_tasks(
-        {str(source.task_files[name]): tasks for name, tasks in source.tasks.items()},
+        {str(source.task_files.get(name, f"task split {name!r}")): tasks for name, tasks in source.tasks.items()},
         source.card,
         [tool["name"] for tool in source.tools],
         hidden,

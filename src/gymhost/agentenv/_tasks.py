@@ -20,6 +20,7 @@ from ._exceptions import TaskError
 
 __all__ = [
     "Criterion",
+    "EnvironmentCriterion",
     "ExtensionCriterion",
     "Grading",
     "Prompt",
@@ -50,9 +51,14 @@ class Prompt(_Strict):
 
 
 class Seed(_Strict):
-    """What ``/seed_session`` loads into a fresh environment instance, after ``data/reset``."""
+    """What ``/seed_session`` loads into a fresh environment instance: an agentenv instance's ``data/add`` after
+    its ``data/reset``, or an OpenEnv session's ``reset`` message."""
 
     parts: list[Part] = Field(default_factory=list, description="Parts for one `data/add` call; none skips it.")
+    reset: dict[str, Any] | None = Field(
+        default=None,
+        description='OpenEnv only: the data of the session\'s reset message, e.g. {"split": "train", "index": 0}.',
+    )
 
 
 class _Predicate(_Strict):
@@ -122,7 +128,18 @@ class ExtensionCriterion(_Strict):
     reward_key: str = "reward"
 
 
-Criterion = Annotated[StateCriterion | ResponseCriterion | ExtensionCriterion, Field(discriminator="kind")]
+class EnvironmentCriterion(_Strict):
+    """The reward the environment itself gave the episode, as it is (not clamped): for an OpenEnv environment, the
+    sum of the rewards of the episode's steps. It is the grading's only criterion."""
+
+    kind: Literal["environment"]
+    id: str | None = None
+    weight: float = Field(default=1.0, ge=0, description="Unused: the criterion stands alone.")
+
+
+Criterion = Annotated[
+    StateCriterion | ResponseCriterion | ExtensionCriterion | EnvironmentCriterion, Field(discriminator="kind")
+]
 
 
 class Grading(_Strict):
@@ -136,6 +153,8 @@ class Grading(_Strict):
 
     @model_validator(mode="after")
     def _weights_sum(self) -> Grading:
+        if len(self.criteria) > 1 and any(isinstance(c, EnvironmentCriterion) for c in self.criteria):
+            raise ValueError("an environment criterion is the only criterion: the environment's reward is the reward")
         if self.combine == "weighted" and sum(c.weight for c in self.criteria) <= 0:
             raise ValueError("weighted grading needs at least one criterion with a positive weight")
         return self
@@ -203,7 +222,9 @@ def load_task_folder(folder: Path) -> dict[str, list[Task]]:
 def _first_problem(error: ValidationError) -> str:
     problem = error.errors()[0]
     # Discriminated unions add the tag ('state', 'response', ...) to the location; it is not a field.
-    location = ".".join(str(part) for part in problem["loc"] if part not in ("state", "response", "extension"))
+    location = ".".join(
+        str(part) for part in problem["loc"] if part not in ("state", "response", "extension", "environment")
+    )
     message = problem["msg"].removeprefix("Value error, ")
     return f"{location or '(task)'}: {message}"
 

@@ -48,12 +48,15 @@ def write_folder(
     urls: Sequence[str] = (),
     instances: int | str | None = None,
     mode: str = SourceConfig.model_fields["mode"].default,
+    prompt_field: str | None = None,
     force: bool = False,
 ) -> WrittenFolder:
-    """Write ``root/resources_servers/<name>/`` for the environment at ``source`` (a bundle folder or a URL).
+    """Write ``root/resources_servers/<name>/`` for the environment at ``source``: a bundle folder, the URL of an
+    OpenEnv server, or the URL of an agentenv environment (with ``tasks_file``).
 
-    ``instances`` (a bundle's): ``K`` for a fixed pool of K, ``"MIN:MAX"`` for a pool that grows on demand and
-    shrinks when idle, None for the mode's default (``DEFAULT_INSTANCES``).
+    ``instances`` (a bundle's or an OpenEnv server's): ``K`` for a fixed pool of K, ``"MIN:MAX"`` for a pool that
+    grows on demand and shrinks when idle, None for the default (``DEFAULT_INSTANCES``). ``prompt_field``: where an
+    OpenEnv server's tasks keep their prompts (``_openenv_tasks``).
 
     Synchronous; from async code, ``await awrite_folder(...)`` with the same arguments.
     """
@@ -73,6 +76,7 @@ def write_folder(
             urls=urls,
             instances=instances,
             mode=mode,
+            prompt_field=prompt_field,
             force=force,
         )
     )
@@ -88,6 +92,7 @@ async def awrite_folder(
     urls: Sequence[str] = (),
     instances: int | str | None = None,
     mode: str = SourceConfig.model_fields["mode"].default,
+    prompt_field: str | None = None,
     force: bool = False,
 ) -> WrittenFolder:
     """``write_folder`` for async code: the environment is started and asked for its card on the caller's loop."""
@@ -101,8 +106,14 @@ async def awrite_folder(
     if name is not None and not _NAME.match(name):
         raise WriteError(f"--name {name!r}: expected lower-case letters, digits and _, starting with a letter")
     inspected = await inspect_source(
-        source, extra_urls=urls, tasks_file=Path(tasks_file) if tasks_file else None, split=split
+        source,
+        extra_urls=urls,
+        tasks_file=Path(tasks_file) if tasks_file else None,
+        split=split,
+        prompt_field=prompt_field,
     )
+    if inspected.kind == "openenv":
+        bounds = instance_range(instances, "openenv")
     name = name or _default_name(inspected)
     target = Path(root).resolve() / "resources_servers" / name
     if target.exists() and not force:
@@ -144,8 +155,13 @@ def _write_contents(folder: Path, name: str, source: Source, instances: tuple[in
         tasks_path = "bundle/tasks"
     else:
         (folder / "tasks").mkdir()
-        for split, path in source.task_files.items():
-            shutil.copyfile(path, folder / "tasks" / f"{split}.jsonl")
+        for split, tasks in source.tasks.items():
+            target = folder / "tasks" / f"{split}.jsonl"
+            if split in source.task_files:
+                shutil.copyfile(source.task_files[split], target)
+            else:  # an OpenEnv server's own tasks, in gymhost's task format
+                lines = [task.model_dump_json(exclude_defaults=True) for task in tasks]
+                target.write_text("\n".join(lines) + "\n", encoding="utf-8")
         tasks_path = "tasks"
 
     agent = f"{name}_simple_agent"
@@ -209,6 +225,12 @@ def _config_yaml(
         mode: {mode}
         instances: {instances[0]}  # always up
         max_instances: {instances[1]}  # the most at once: started on demand, stopped after instance_idle_s free"""
+    elif source.kind == "openenv":
+        source_block = f"""        kind: openenv
+        urls:
+        - {q(source.urls[0])}
+        instances: {instances[0]}  # sessions the pool keeps the right to (a session opens when an episode starts)
+        max_instances: {instances[1]}  # the most episodes at once: at most the OpenEnv server's max_concurrent_envs"""
     else:
         urls = "\n".join(f"        - {q(url)}" for url in source.urls)
         source_block = f"""        kind: urls
@@ -228,7 +250,7 @@ def _config_yaml(
       entrypoint: app.py
       domain: agent
       verified: false
-      description: {q(f"agentenv environment {source.environment} as a Gym resources server (gymhost)")}
+      description: {q(f"{_protocol(source)} environment {source.environment} as a Gym resources server (gymhost)")}
       environment: {q(source.environment)}
       source:
 {source_block}
@@ -267,6 +289,10 @@ def _yaml_scalar(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else json.dumps(value)  # JSON's null and strings are YAML too
 
 
+def _protocol(source: Source) -> str:
+    return "OpenEnv" if source.kind == "openenv" else "agentenv"
+
+
 def _dataset_type(split: str) -> str:
     return split if split in ("train", "validation", "example") else "validation"
 
@@ -282,18 +308,34 @@ def _requirements(source: Source) -> str:
     return "\n".join(dict.fromkeys(lines)) + "\n"
 
 
+def _what_it_does(source: Source) -> str:
+    if source.kind == "openenv":
+        return """Each episode is one OpenEnv session: `/seed_session` opens a WebSocket to the server's `/ws` and
+resets it to the row's split and index (`tasks/<split>.jsonl`, `seed.reset`); each tool route (`POST /<tool>`) is a
+`call_tool` step and answers the tool's text (HTTP 400, with the environment's message, when the tool or its
+arguments failed); `/verify` answers the environment's own reward, the sum of the rewards of the reset and of every
+step (as NeMo Gym's OpenEnv adapter counts it), and closes the session. A session the server dropped or refused, or
+a connection lost, is a masked sample (`mask_sample` true, with a `failure_kind`), never a 0.0. At most
+`max_instances` sessions are open at once: keep it at most the server's `max_concurrent_envs`; seeds beyond it
+wait for a session to end."""
+    return """`/seed_session` leases an environment instance, resets it, loads the task's seed data and opens an MCP
+session; each tool route (`POST /<tool>`) forwards the call over MCP and answers the tool's text (HTTP 400 when the
+tool reports an error); `/verify` grades the episode from the task's criteria, tears it down and answers `reward`,
+with `mask_sample` true only when the infrastructure failed."""
+
+
 def _readme(name: str, source: Source, rows: dict[str, int]) -> str:
     origin = (
         f"the bundle in `bundle/` (copied from `{source.bundle}`)"
         if source.bundle
-        else "the environment at " + ", ".join(f"`{url}`" for url in source.urls)
+        else f"the {_protocol(source)} server at " + ", ".join(f"`{url}`" for url in source.urls)
     )
     tools = ", ".join(f"`{tool['name']}`" for tool in source.tools)
     data = ", ".join(f"`data/{split}.jsonl` ({count} rows)" for split, count in rows.items())
     return f"""# {name}
 
-A NeMo Gym resources server for the agent environment `{source.environment}`, written by `gymhost write` from
-{origin}. Tools: {tools}. Rows: {data}.
+A NeMo Gym resources server for the {_protocol(source)} environment `{source.environment}`, written by
+`gymhost write` from {origin}. Tools: {tools}. Rows: {data}.
 
 ## Serve it
 
@@ -307,10 +349,7 @@ environment server). `requirements.txt` lists what the server needs.
 
 ## What it does
 
-`/seed_session` leases an environment instance, resets it, loads the task's seed data and opens an MCP session;
-each tool route (`POST /<tool>`) forwards the call over MCP and answers the tool's text (HTTP 400 when the tool
-reports an error); `/verify` grades the episode from the task's criteria, tears it down and answers `reward`, with
-`mask_sample` true only when the infrastructure failed. `GET /agentenv/pool` shows the instances.
+{_what_it_does(source)} `GET /agentenv/pool` shows the instances.
 
 Check that every reference solution scores 1.0 and an empty attempt does not:
 

@@ -1,0 +1,454 @@
+"""OpenEnv environments (PyPI ``openenv``), as gymhost talks to them: the Task API over HTTP, episodes over ``/ws``.
+
+This is the only module that speaks OpenEnv on the wire (as ``_env_client`` is for agentenv), checked against
+``openenv`` 0.10.0. A written server's pool holds OpenEnv *sessions*: an instance is the right to keep one session
+open on the server (whose ``max_concurrent_envs`` bounds them), and each Gym episode is one session, a WebSocket of
+its own: ``load`` opens it and sends ``reset`` with the task's ``seed.reset`` (its split and index), each tool call is
+a ``call_tool`` step, grading reads the rewards the steps carried, and the pool's reset on release sends ``close``.
+A session per episode, as OpenEnv means it, gives every episode a fresh environment object on the server.
+
+The wire, in short: one JSON text frame in, one out (``close`` gets none: the server closes the socket once it has
+freed the session's slot). Errors come as ``{"type": "error", "data": {"message", "code"}}`` and keep the session
+open, except ``CAPACITY_REACHED``, which the server sends right after the upgrade and then closes. gymhost talks
+with ``websockets`` and httpx; the ``openenv`` package itself (hundreds of MB with gradio) is never imported.
+
+The reward is the one Gym's own OpenEnv adapter gives: the sum of the rewards of the reset and of every step (a
+null reward counts nothing). Once a step says ``done``, further tool calls are refused as the model's error, as that
+adapter does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from agentenv_protocol import ToolResult
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+from ._config import PoolSettings
+from ._exceptions import (
+    DataPlaneError,
+    EnvAtCapacityError,
+    EnvDroppedError,
+    EnvTimeoutError,
+    EnvUnavailableError,
+    MalformedReplyError,
+    SourceError,
+)
+from ._grading import Outcome, evaluate
+from ._interfaces import ToolSession
+from ._launchers import Instance
+from ._tasks import Task
+
+__all__ = ["PROTOCOL", "OpenEnvClient", "OpenEnvLauncher", "TaskApi", "openenv_card"]
+
+PROTOCOL = "openenv"  # what a card made here says it speaks (``_catalog.check_tasks`` reads it)
+# openenv's own client takes frames of up to 100 MB; a tool's result can be large (a file, a screenshot).
+_MAX_FRAME_BYTES = 100 * 2**20
+_CAPACITY_RETRY_S = (0.02, 0.05, 0.1, 0.2, 0.5)  # then every 0.5 s, until the load's limit
+_CLOSE_TIMEOUT_S = 5.0
+
+
+def openenv_card(environment: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """An environment card, as the rest of gymhost reads one, for an OpenEnv environment: its name and its tools
+    (``list_tools``' ``input_schema`` as the card's ``inputSchema``)."""
+    return {
+        "name": environment,
+        "protocol": PROTOCOL,
+        "capabilities": {
+            "tools": [
+                {
+                    "name": tool.get("name"),
+                    "description": tool.get("description") or "",
+                    "inputSchema": tool.get("input_schema") or tool.get("inputSchema") or {"type": "object"},
+                }
+                for tool in tools
+                if isinstance(tool, dict)
+            ]
+        },
+    }
+
+
+# -- the Task API (HTTP) -------------------------------------------------------------------------------------------
+
+
+class TaskApi:
+    """An OpenEnv server's Task API, which ``gymhost write`` reads the environment's splits and tasks from."""
+
+    def __init__(self, base_url: str, *, timeout: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+
+    async def environments(self) -> list[str] | None:
+        """The environments the server names, or None when it has no Task API (it is not an OpenEnv server)."""
+        try:
+            response = await self._http.get("/list_environments")
+        except httpx.TransportError:
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            names = response.json()
+        except ValueError:
+            return None
+        if not isinstance(names, list) or not names or not all(isinstance(name, str) for name in names):
+            return None
+        return names
+
+    async def splits(self, environment: str) -> list[str]:
+        answer = await self._get_json("GET", f"/{environment}/splits")
+        if not isinstance(answer, list):
+            raise SourceError(f"{self.base_url}/{environment}/splits answered no list of splits")
+        names = [split.get("name") if isinstance(split, dict) else split for split in answer]
+        if not names or not all(isinstance(name, str) and name for name in names):
+            raise SourceError(f"{self.base_url}/{environment}/splits answered no split names: {answer!r:.200}")
+        return [str(name) for name in names]
+
+    async def tasks(self, environment: str, split: str) -> list[Any]:
+        answer = await self._get_json("POST", f"/{environment}/tasks", json={"split": split})
+        tasks = answer.get("tasks") if isinstance(answer, dict) else None
+        if not isinstance(tasks, list):
+            raise SourceError(f"{self.base_url}/{environment}/tasks answered no tasks list for split {split!r}")
+        return tasks
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _get_json(self, method: str, path: str, **kwargs: Any) -> Any:
+        where = f"{self.base_url}{path}"
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as error:
+            raise SourceError(f"{where}: {error!r}") from None
+        if response.status_code == 501:
+            raise SourceError(f"{where}: the OpenEnv environment has no tasks of its own (its Task API answers 501)")
+        if response.status_code != 200:
+            raise SourceError(f"{where} answered HTTP {response.status_code}: {response.text[:200]}")
+        try:
+            return response.json()
+        except ValueError:
+            raise SourceError(f"{where} answered something that is not JSON") from None
+
+
+# -- one session (/ws) ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Episode:
+    """What one session has given so far: the rewards of its reset and steps, and whether it said done."""
+
+    rewards: list[float] = field(default_factory=list)
+    steps: int = 0
+    done: bool = False
+
+    def add(self, data: dict[str, Any]) -> None:
+        reward = data.get("reward")
+        if isinstance(reward, bool | int | float):
+            self.rewards.append(float(reward))
+        self.done = self.done or bool(data.get("done"))
+
+
+class _Session:
+    """One OpenEnv session: a WebSocket, one request and its one reply at a time.
+
+    An exchange runs in a task of its own that the caller only awaits, so a caller cancelled mid-exchange (a client
+    that hung up) leaves the reply to be read, not to be taken for the answer to the next request. One whose reply
+    does not come in time leaves the socket out of step, so the session is cut.
+    """
+
+    def __init__(self, connection: ClientConnection, url: str) -> None:
+        self.connection = connection
+        self.url = url
+        self._lock = asyncio.Lock()
+
+    @property
+    def closed(self) -> bool:
+        return self.connection.close_code is not None
+
+    async def request(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+        return await asyncio.shield(asyncio.ensure_future(self._exchange(message, timeout, what)))
+
+    async def _exchange(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+        async with self._lock:
+            with contextlib.suppress(ConnectionClosed):  # a refusal sent before the close is still there to read
+                await self.connection.send(json.dumps(message))
+            try:
+                async with asyncio.timeout(timeout):
+                    frame = await self.connection.recv()
+            except TimeoutError:
+                await self.abort()
+                raise EnvTimeoutError(f"{self.url}: {what}: no answer in {timeout:g}s") from None
+            except ConnectionClosed as error:
+                raise EnvDroppedError(f"{self.url}: {what}: the session's connection closed: {error}") from None
+        try:
+            reply = json.loads(frame)
+        except (TypeError, ValueError):
+            raise MalformedReplyError(f"{self.url}: {what}: the reply is not JSON text") from None
+        if not isinstance(reply, dict) or not isinstance(reply.get("data"), dict):
+            raise MalformedReplyError(f"{self.url}: {what}: the reply has no data object: {frame!r:.200}")
+        return reply
+
+    async def close(self) -> None:
+        """End the session: ``close``, then wait for the server to close the socket, which it does once the
+        session's slot is free again (so the next episode's session is not refused for capacity)."""
+        with contextlib.suppress(ConnectionClosed, OSError):
+            await self.connection.send(json.dumps({"type": "close"}))
+        with contextlib.suppress(TimeoutError, OSError):
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                await self.connection.wait_closed()
+        await self.abort()
+
+    async def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.connection.close()
+
+
+# -- an instance: the right to one session at a time ----------------------------------------------------------------
+
+
+class OpenEnvClient:
+    """What the pool and the episodes ask of an instance (``_interfaces.InstanceClient``), for an OpenEnv server.
+
+    The card is read once per launcher (a session, ``list_tools``, ``close``) and shared: an instance costs nothing
+    until an episode loads a task on it."""
+
+    def __init__(self, launcher: OpenEnvLauncher, settings: PoolSettings) -> None:
+        self._launcher = launcher
+        self._settings = settings
+        self.base_url = launcher.url
+        self._session: _Session | None = None
+        self._episode = _Episode()
+
+    async def card(self) -> dict[str, Any]:
+        return await self._launcher.card(self._settings.data_timeout_s)
+
+    async def hidden_tools(self, card: dict[str, Any]) -> set[str]:
+        return set()  # OpenEnv has no hidden tools
+
+    async def reset(self) -> None:
+        """End the episode's session, if it has one: the pool's reset on release."""
+        session, self._session = self._session, None
+        self._episode = _Episode()
+        if session is not None:
+            await session.close()
+
+    async def load(self, task: Task) -> None:
+        """Open the episode's session and reset it to the task (its ``seed.reset``: split and index)."""
+        await self.reset()
+        timeout = self._settings.data_timeout_s
+        self._session = await self._launcher.open_session(task.seed.reset or {}, timeout, self._episode)
+
+    def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> ToolSession:
+        return _Tools(self, timeout)
+
+    async def grade(self, card: dict[str, Any], task: Task, final_text: str) -> Outcome:
+        episode = self._episode
+        total = sum(episode.rewards)
+        detail = (
+            f"the environment's reward: {total:g}, the sum of {len(episode.rewards)} reward(s) over "
+            f"{episode.steps} step(s){'; it said done' if episode.done else '; it had not said done'}"
+        )
+        return evaluate(
+            task.grading, state=None, extension_scores={}, final_text=final_text, environment=(total, detail)
+        )
+
+    async def get(self) -> list[dict[str, Any]]:
+        """The episode so far, as a data part (the pool view's ``data``)."""
+        episode = self._episode
+        session = self._session is not None and not self._session.closed
+        data = {"session_open": session, "steps": episode.steps, "rewards": episode.rewards, "done": episode.done}
+        return [{"type": "data", "data": data}]
+
+    async def aclose(self) -> None:
+        await self.reset()
+
+    async def step(self, name: str, arguments: dict[str, Any], timeout: float) -> ToolResult:
+        session, episode = self._session, self._episode
+        if session is None:
+            raise EnvDroppedError(f"{self.base_url}: no session open for this episode")
+        if episode.done:
+            return _text_result("the episode has ended: the environment said done; no more tool calls", error=True)
+        message = {"type": "step", "data": {"type": "call_tool", "tool_name": name, "arguments": arguments}}
+        reply = await session.request(message, timeout, f"call_tool {name}")
+        data = reply["data"]
+        if reply.get("type") == "error":
+            code, text = data.get("code"), str(data.get("message") or "the environment reported an error")
+            if code in ("EXECUTION_ERROR", "VALIDATION_ERROR"):  # the tool or its arguments: the model's to see
+                return _text_result(text, error=True)
+            raise DataPlaneError(f"{self.base_url}: call_tool {name} failed: {text} ({code})")
+        if reply.get("type") != "observation":
+            raise MalformedReplyError(f"{self.base_url}: call_tool {name}: a reply of type {reply.get('type')!r}")
+        episode.steps += 1
+        episode.add(data)
+        return _observation_result(data.get("observation"))
+
+
+class _Tools:
+    """An episode's tool calls: steps of its session (``_interfaces.ToolSession``)."""
+
+    def __init__(self, client: OpenEnvClient, timeout: float) -> None:
+        self._client = client
+        self._timeout = timeout
+
+    async def open(self) -> _Tools:
+        return self
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        return await self._client.step(name, arguments, self._timeout)
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        return list((await self._client.card())["capabilities"]["tools"])
+
+    async def close(self) -> None:
+        pass  # the session is the episode's: the pool's reset closes it
+
+
+def _observation_result(observation: Any) -> ToolResult:
+    """A ``call_tool`` observation as the text the model sees: the tool's text content (its structured content as
+    JSON when it has no text), or the environment's error message, as an error."""
+    if not isinstance(observation, dict):
+        return _text_result(json.dumps(observation))
+    error = observation.get("error")
+    if isinstance(error, dict) and error:
+        return _text_result(str(error.get("message") or json.dumps(error)), error=True)
+    result = observation.get("result")
+    if not isinstance(result, dict):
+        return _text_result("" if result is None else json.dumps(result))
+    texts = [
+        block["text"]
+        for block in result.get("content") or []
+        if isinstance(block, dict) and block.get("type") == "text"
+    ]
+    text = "\n".join(str(t) for t in texts)
+    if not texts and result.get("structured_content") is not None:
+        text = json.dumps(result["structured_content"])
+    return _text_result(text, error=bool(result.get("is_error")))
+
+
+def _text_result(text: str, *, error: bool = False) -> ToolResult:
+    return ToolResult(content=[{"type": "text", "text": text}], isError=error)
+
+
+# -- the launcher ---------------------------------------------------------------------------------------------------
+
+
+class OpenEnvLauncher:
+    """Sessions on one OpenEnv server (``_launchers.Launcher``). Its instances are gymhost's own bookkeeping, so the
+    pool makes and replaces them freely; the server's ``max_concurrent_envs`` is what bounds them, and a written
+    config's ``max_instances`` should not exceed it (a session over it is refused for capacity, retried until the
+    load's limit, then masked ``provider_unavailable``)."""
+
+    restarts = True
+
+    def __init__(self, url: str, environment: str) -> None:
+        self.url = url.rstrip("/")
+        self.environment = environment
+        self.description = f"OpenEnv environment {environment!r} at {self.url}"
+        self._ws_url = "ws" + self.url.removeprefix("http") + "/ws"
+        self._card: dict[str, Any] | None = None
+        self._card_lock = asyncio.Lock()
+
+    async def launch(self, index: int, settings: PoolSettings) -> Instance:
+        return Instance(index, OpenEnvClient(self, settings))
+
+    async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
+        await instance.client.aclose()
+
+    async def exited(self, instance: Instance) -> None:
+        await asyncio.Event().wait()  # nothing to watch between episodes; a dropped session fails its episode
+
+    async def close(self) -> None:
+        pass
+
+    async def card(self, timeout: float) -> dict[str, Any]:
+        """The environment's tools, read once over a session of its own."""
+        async with self._card_lock:
+            if self._card is None:
+                session, reply = await self._open(
+                    {"type": "step", "data": {"type": "list_tools"}}, "list_tools", timeout
+                )
+                await session.close()
+                observation = reply["data"].get("observation") if reply.get("type") == "observation" else None
+                tools = observation.get("tools") if isinstance(observation, dict) else None
+                if not isinstance(tools, list):
+                    raise MalformedReplyError(f"{self.url}: list_tools answered no tools: {json.dumps(reply)[:200]}")
+                self._card = openenv_card(self.environment, tools)
+            return self._card
+
+    async def open_session(self, reset: dict[str, Any], timeout: float, episode: _Episode) -> _Session:
+        """A new session, reset with ``reset`` (the data of the reset message), whose reward ``episode`` counts."""
+        session, reply = await self._open({"type": "reset", "data": reset}, f"reset {json.dumps(reset)}", timeout)
+        episode.add(reply["data"])
+        return session
+
+    async def reset_observations(self, resets: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+        """What each reset answers (its ``data``), over one session: where ``gymhost write`` finds the prompts of
+        tasks that do not carry theirs."""
+        if not resets:
+            return []
+        session, reply = await self._open(
+            {"type": "reset", "data": resets[0]}, f"reset {json.dumps(resets[0])}", timeout
+        )
+        answers = [reply["data"]]
+        try:
+            for reset in resets[1:]:
+                reply = await session.request({"type": "reset", "data": reset}, timeout, f"reset {json.dumps(reset)}")
+                if reply.get("type") != "observation":
+                    raise DataPlaneError(f"{self.url}: reset {json.dumps(reset)} failed: {json.dumps(reply)[:300]}")
+                answers.append(reply["data"])
+        finally:
+            await session.close()
+        return answers
+
+    async def _open(self, message: dict[str, Any], what: str, timeout: float) -> tuple[_Session, dict[str, Any]]:
+        """A new session and the observation its first message answered. A session refused for capacity is tried
+        again until ``timeout``: the slot of the session closed just before may not be free yet, or another client
+        holds the server's sessions; any other error is the environment's (``DataPlaneError``)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        attempt = 0
+        while True:
+            session = await self._connect(max(0.1, deadline - loop.time()))
+            try:
+                reply = await session.request(message, max(0.1, deadline - loop.time()), what)
+            except BaseException:
+                await session.abort()
+                raise
+            if reply.get("type") == "observation":
+                return session, reply
+            await session.abort()
+            data = reply["data"]
+            if reply.get("type") != "error":
+                raise MalformedReplyError(f"{self.url}: {what}: a reply of type {reply.get('type')!r}")
+            if data.get("code") != "CAPACITY_REACHED":
+                raise DataPlaneError(f"{self.url}: {what} failed: {data.get('message')} ({data.get('code')})")
+            pause = _CAPACITY_RETRY_S[min(attempt, len(_CAPACITY_RETRY_S) - 1)]
+            attempt += 1
+            if loop.time() + pause > deadline:
+                raise EnvAtCapacityError(
+                    f"{self.url}: every session of the OpenEnv server is taken ({data.get('message')}) and none came "
+                    f"free in {timeout:g}s: raise its max_concurrent_envs, or lower this server's max_instances"
+                )
+            await asyncio.sleep(pause)
+
+    async def _connect(self, timeout: float) -> _Session:
+        try:
+            connection = await connect(
+                self._ws_url,
+                max_size=_MAX_FRAME_BYTES,
+                open_timeout=timeout,
+                proxy=None,
+                close_timeout=_CLOSE_TIMEOUT_S,
+            )
+        except TimeoutError:
+            raise EnvTimeoutError(f"{self._ws_url}: no session opened in {timeout:g}s") from None
+        except InvalidHandshake as error:
+            raise EnvUnavailableError(f"{self._ws_url}: not an OpenEnv session endpoint: {error}") from None
+        except OSError as error:
+            raise EnvUnavailableError(f"{self._ws_url}: {error}") from None
+        return _Session(connection, self._ws_url)

@@ -1,0 +1,140 @@
+"""How OpenEnv's answers become what gymhost serves, without a server: tasks, prompts and ids from the Task API, a
+step's observation as the model's text, the environment's reward as the reward, and the rules that keep agentenv
+and OpenEnv tasks apart. (tests/test_openenv.py plays all of it against a real OpenEnv server.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from gymhost.agentenv import CatalogError, SourceError, Task
+from gymhost.agentenv._catalog import check_tasks
+from gymhost.agentenv._grading import evaluate
+from gymhost.agentenv._openenv import _observation_result, openenv_card
+from gymhost.agentenv._openenv_tasks import _converted
+
+pytestmark = [pytest.mark.unit, pytest.mark.anyio]
+
+CARD = openenv_card("sums", [{"name": "look", "description": "", "input_schema": {"type": "object"}}])
+
+
+class Resets:
+    """What ``_converted`` asks of a launcher: the reset observations of tasks without a prompt."""
+
+    def __init__(self, observation: dict[str, Any]) -> None:
+        self.observation = observation
+        self.asked: list[dict[str, Any]] = []
+
+    async def reset_observations(self, resets: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+        self.asked += resets
+        return [self.observation for _ in resets]
+
+
+async def test_prompts_come_from_the_task_then_from_the_reset() -> None:
+    raw = [
+        {"id": "a", "prompt": "Add them."},
+        {"id": "b", "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add."}]},
+        {"id": "c"},
+    ]
+    resets = Resets({"observation": {"metadata": {"prompt": "From the reset."}}})
+    tasks = await _converted(raw, "train", resets, None)  # type: ignore[arg-type]
+    assert [task.prompt.user for task in tasks] == ["Add them.", "Add.", "From the reset."]
+    assert tasks[1].prompt.system == "Be brief."
+    assert resets.asked == [{"split": "train", "index": 2}]  # only the task without a prompt is reset
+    assert [task.seed.reset for task in tasks] == [{"split": "train", "index": i} for i in range(3)]
+
+
+async def test_a_prompt_field_names_another_place() -> None:
+    raw = [{"question": {"text": "What is the sum?"}}]
+    tasks = await _converted(raw, "test", Resets({}), "/question/text")  # type: ignore[arg-type]
+    assert tasks[0].prompt.user == "What is the sum?"
+    with pytest.raises(SourceError, match=r"test\[0\]: no prompt at the task's /nope, the reset's /observation/nope"):
+        await _converted(raw, "test", Resets({}), "/nope")  # type: ignore[arg-type]
+
+
+async def test_ids_are_the_environments_when_usable_and_unique() -> None:
+    own = await _converted([{"id": "x-1", "prompt": "p"}, {"task_id": "x-2", "prompt": "p"}], "s", Resets({}), None)  # type: ignore[arg-type]
+    assert [task.id for task in own] == ["x-1", "x-2"]
+    clash = await _converted([{"id": "x", "prompt": "p"}, {"id": "x", "prompt": "p"}], "s", Resets({}), None)  # type: ignore[arg-type]
+    assert [task.id for task in clash] == ["s-0", "s-1"]
+    odd = await _converted([{"id": "has space", "prompt": "p"}], "s", Resets({}), None)  # type: ignore[arg-type]
+    assert [task.id for task in odd] == ["s-0"]
+
+
+async def test_reference_solutions_are_read_in_either_spelling_or_left_out() -> None:
+    raw = [
+        {"prompt": "p", "solution": {"tool_calls": [{"tool_name": "look"}, {"name": "submit", "arguments": {"a": 1}}]}},
+        {"prompt": "p", "solution": {"tool_calls": [{"arguments": {}}]}},  # no tool name: not a solution
+        {"prompt": "p", "solution": "just do it"},
+    ]
+    tasks = await _converted(raw, "s", Resets({}), None)  # type: ignore[arg-type]
+    assert tasks[0].solution is not None
+    assert [(call.name, call.arguments) for call in tasks[0].solution.tool_calls] == [
+        ("look", {}),
+        ("submit", {"a": 1}),
+    ]
+    assert tasks[1].solution is None
+    assert tasks[2].solution is None
+
+
+@pytest.mark.parametrize(
+    ("observation", "text", "is_error"),
+    [
+        (
+            {"result": {"content": [{"type": "text", "text": "correct"}], "is_error": False}, "error": None},
+            "correct",
+            False,
+        ),
+        ({"result": {"content": [], "structured_content": {"n": [1, 2]}}, "error": None}, '{"n": [1, 2]}', False),
+        ({"result": None, "error": {"error_type": "execution_error", "message": "boom"}}, "boom", True),
+        ({"result": {"content": [{"type": "text", "text": "bad"}], "is_error": True}}, "bad", True),
+    ],
+)
+def test_a_step_is_the_text_the_model_sees(observation: dict[str, Any], text: str, is_error: bool) -> None:
+    result = _observation_result(observation)
+    assert (result.text, result.isError) == (text, is_error)
+
+
+def test_the_environments_reward_is_the_reward_as_it_is() -> None:
+    """Not clamped to [0, 1] and not combined: an environment that pays 2.5 is answered 2.5."""
+    task = openenv_task()
+    outcome = evaluate(task.grading, state=None, extension_scores={}, final_text="", environment=(2.5, "paid 2.5"))
+    assert outcome.reward == 2.5
+    assert outcome.results[0].detail == "paid 2.5"
+
+
+def test_an_environment_criterion_stands_alone() -> None:
+    with pytest.raises(ValueError, match="an environment criterion is the only criterion"):
+        Task.model_validate(
+            {
+                **openenv_task().model_dump(),
+                "grading": {"criteria": [{"kind": "environment"}, {"kind": "response", "contains": "x"}]},
+            }
+        )
+
+
+def test_tasks_are_seeded_and_graded_the_way_their_protocol_can() -> None:
+    check_tasks({"t": [openenv_task()]}, CARD, ["look"], [])
+    agentenv_card = {"name": "counter", "capabilities": {"tools": [{"name": "look"}]}}
+    with pytest.raises(CatalogError, match=r"seed\.reset is for OpenEnv environments"):
+        check_tasks({"t": [openenv_task()]}, agentenv_card, ["look"], [])
+    no_reset = Task.model_validate({**openenv_task().model_dump(), "seed": {}})
+    with pytest.raises(CatalogError, match=r"an OpenEnv task is seeded by seed\.reset"):
+        check_tasks({"t": [no_reset]}, CARD, ["look"], [])
+    by_state = Task.model_validate(
+        {**openenv_task().model_dump(), "grading": {"criteria": [{"kind": "state", "path": "/x", "equals": 1}]}}
+    )
+    with pytest.raises(CatalogError, match="a state criterion needs the agentenv data plane"):
+        check_tasks({"t": [by_state]}, CARD, ["look"], [])
+
+
+def openenv_task() -> Task:
+    return Task.model_validate(
+        {
+            "id": "train-0",
+            "prompt": {"user": "Add."},
+            "seed": {"reset": {"split": "train", "index": 0}},
+            "grading": {"criteria": [{"kind": "environment"}]},
+        }
+    )
