@@ -7,8 +7,9 @@
 #   .venv-gym04  Python 3.12, nemo-gym 0.4.0 (the version verifiers pins).
 #   .venv-gym07  Python 3.13, nemo-gym 0.7.0. nemo-gym >= 0.5 declares Requires-Python >= 3.13.14 and these
 #                machines have 3.13.0, so it is installed with --ignore-requires-python (it runs fine).
-# and one that is not gymhost's: .venv-openenv (Python 3.12, openenv 0.10.0) runs the OpenEnv example server the
-# nemo_gym tiers write from (its dependencies conflict with nemo-gym 0.4.0's).
+# and two that are not gymhost's: .venv-openenv (Python 3.12, openenv 0.10.0) runs the OpenEnv example server the
+# nemo_gym tiers write from (its dependencies conflict with nemo-gym 0.4.0's), and .venv-verifiers (Python 3.12,
+# verifiers, which pins mcp 2) runs the real trainer client against a gymhost server.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -25,7 +26,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test lint typecheck test-unit test-gym04 test-gym07 test-soak test-cluster demo schema bench bench-quick clean check-pythons
+.PHONY: test lint typecheck test-unit test-gym04 test-gym07 test-soak test-cluster test-verifiers demo schema bench bench-quick clean check-pythons
 
 check-pythons:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -61,14 +62,24 @@ typecheck: .venv-gym04/.installed
 
 OPENENV := GYMHOST_OPENENV_PYTHON=$(CURDIR)/.venv-openenv/bin/python
 
+.venv-verifiers/.installed: tests/verifiers-requirements.txt | check-pythons
+	rm -rf .venv-verifiers && $(PY312) -m venv .venv-verifiers
+	.venv-verifiers/bin/pip install -q -r tests/verifiers-requirements.txt $(PIP_QUIET)
+	touch $@
+
 test-unit: .venv/.installed
 	.venv/bin/pytest -m unit
 
 test-gym04: .venv-gym04/.installed .venv-openenv/.installed
-	$(OPENENV) .venv-gym04/bin/pytest -m "nemo_gym and not soak and not cluster"
+	$(OPENENV) .venv-gym04/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers"
 
 test-gym07: .venv-gym07/.installed .venv-openenv/.installed
-	$(OPENENV) .venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster"
+	$(OPENENV) .venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers"
+
+# The verifiers tier: the real trainer client (vf-eval, NeMo Gym taskset) against gymhost, on nemo-gym 0.4.0 (the
+# version verifiers pins).
+test-verifiers: .venv-gym04/.installed .venv-openenv/.installed .venv-verifiers/.installed
+	$(OPENENV) GYMHOST_VERIFIERS_BIN=$(CURDIR)/.venv-verifiers/bin .venv-gym04/bin/pytest -m verifiers
 
 # The soak tier: many episodes with injected faults, bounded in time and count; once, on the current nemo-gym.
 test-soak: .venv-gym07/.installed
@@ -81,7 +92,7 @@ test-cluster: .venv-gym07/.installed
 	@command -v ip >/dev/null || { apt-get update -q >/dev/null; apt-get install -y -q iproute2 >/dev/null; }
 	.venv-gym07/bin/pytest -m cluster
 
-test: lint typecheck test-unit test-gym04 test-gym07 test-soak test-cluster
+test: lint typecheck test-unit test-gym04 test-gym07 test-soak test-cluster test-verifiers
 
 # The task format's JSON Schema is generated from its models; a unit test keeps the committed file current.
 schema: .venv/.installed
@@ -103,4 +114,4 @@ bench-quick: .venv-gym07/.installed
 	cd benchmarks && ../.venv-gym07/bin/python run.py --quick
 
 clean:
-	rm -rf .venv .venv-gym04 .venv-gym07 .venv-openenv .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .venv-gym04 .venv-gym07 .venv-openenv .venv-verifiers .pytest_cache .mypy_cache .ruff_cache

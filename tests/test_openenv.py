@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -207,5 +208,11 @@ def test_write_says_what_is_wrong(tmp_path: Path) -> None:
         assert "no prompt at the task's /question, the reset's /observation/question" in done.stderr, done.stderr
     done = run_to_completion(gymhost_command("write", f"http://127.0.0.1:{free_port()}", str(tmp_path)))
     assert done.returncode != 0
-    assert "not an OpenEnv server" in done.stderr, done.stderr
+    assert "nothing answered" in done.stderr, done.stderr
+    port = free_port()
+    web = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", str(port)]
+    with serving(web, url=f"http://127.0.0.1:{port}") as other:  # an HTTP server, but not an OpenEnv one
+        done = run_to_completion(gymhost_command("write", other.url, str(tmp_path)))
+        assert done.returncode != 0
+        assert "not an OpenEnv server" in done.stderr, done.stderr
     assert not (tmp_path / "resources_servers").exists() or not any((tmp_path / "resources_servers").iterdir())

@@ -240,9 +240,17 @@ async def test_a_seed_with_no_instance_is_masked_and_leases_nothing() -> None:
     starved = await episodes.seed("s2", None, TASK.id)
     assert starved.failure is not None
     assert starved.failure.kind == "provider_unavailable"
+    # It has ended already, holding nothing: a drain must not wait for it (verifiers never verifies a rollout whose
+    # seed failed), and its tool calls are refused as the environment's failure.
+    assert episodes.open_episodes() == 1
+    refused = await episodes.call_tool("s2", "increment", {})
+    assert refused.status == 503
+    assert refused.text.startswith("the environment is unavailable: seed: no instance free")
     verdict = await episodes.verify("s2", "")
     assert verdict.failure is not None
     assert verdict.failure.kind == "provider_unavailable"
+    with pytest.raises(EpisodeStateError, match="already verified"):
+        await episodes.verify("s2", "")
     assert pool.releases == []  # it never held an instance
     await episodes.stop()
 

@@ -85,11 +85,12 @@ class TaskApi:
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
 
     async def environments(self) -> list[str] | None:
-        """The environments the server names, or None when it has no Task API (it is not an OpenEnv server)."""
+        """The environments the server names, or None when it has no Task API (it is not an OpenEnv server);
+        ``EnvUnavailableError`` when nothing answers at all."""
         try:
             response = await self._http.get("/list_environments")
-        except httpx.TransportError:
-            return None
+        except httpx.TransportError as error:
+            raise EnvUnavailableError(f"{self.base_url}: nothing answered: {error!r}") from None
         if response.status_code != 200:
             return None
         try:

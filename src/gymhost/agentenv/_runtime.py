@@ -171,6 +171,9 @@ class Runtime:
     async def call_tool(self, key: str, name: str, arguments: dict[str, Any]) -> Reply:
         episode = self._episodes.get(key)
         if episode is None:
+            pending = self._verdicts.get(key)
+            if pending is not None and pending.failure is not None and pending.failure.kind != SESSION_EXPIRED:
+                return Reply(503, f"the environment is unavailable: {pending.failure.reason}", refused=True)
             return Reply(409, f"{self._why_no_episode(key)}; a tool call needs a seeded episode", refused=True)
         episode.last_used = time.monotonic()
         if episode.ending:
@@ -242,6 +245,7 @@ class Runtime:
                 )
                 self.counters["seed_failed"] += 1
                 await self._release(episode)
+                self._seed_failed(episode)
             else:
                 self.counters["seeded"] += 1
             if episode.key in self._closed and episode.failure is None:  # closed while seeding: close tears it down
@@ -249,6 +253,18 @@ class Runtime:
                 episode.failure = Failure(CANCELLED, "the session was closed while its episode was being seeded")
             episode.last_used = time.monotonic()
         return episode
+
+    def _seed_failed(self, episode: Episode) -> None:
+        """An episode whose seed failed has ended, holding nothing: it is not open (a drain does not wait for it, the
+        gauge does not count it), its tool calls are refused, and its verify answers its masked verdict once (a
+        trainer that gives up on the rollout never sends one). A seed on the same session tries again."""
+        assert episode.failure is not None
+        if self._episodes.get(episode.key) is not episode:
+            return
+        del self._episodes[episode.key]
+        if episode.key not in self._closed:
+            self._verdicts.put(episode.key, Verdict.masked(episode.task.id, episode.failure))
+        episode_ended(episode, None, self.metrics)
 
     async def _verify(self, episode: Episode, final_text: str) -> Verdict:
         async with episode.lock:
@@ -280,8 +296,11 @@ class Runtime:
         raise EpisodeStateError(f"{self._why_no_episode(key)}; there is nothing to verify")
 
     def _why_no_episode(self, key: str) -> str:
-        if key in self._verdicts:
-            return "this session's episode expired (no call for idle_timeout_s); /verify answers its masked verdict"
+        pending = self._verdicts.get(key)
+        if pending is not None and pending.failure is not None:
+            if pending.failure.kind == SESSION_EXPIRED:
+                return "this session's episode expired (no call for idle_timeout_s); /verify answers its masked verdict"
+            return f"this session's episode could not start ({pending.failure.reason}); /verify answers it masked"
         if key in self._answered:
             return "this session's episode was already verified and has ended"
         if key in self._closed:

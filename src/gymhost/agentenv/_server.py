@@ -1,4 +1,5 @@
-"""``AgentEnvResourcesServer``: a NeMo Gym resources server in front of an agentenv environment.
+"""``AgentEnvResourcesServer``: a NeMo Gym resources server in front of an agent environment (agentenv, or an
+OpenEnv server: the launcher the config's ``source`` names decides which; the rest does not know).
 
 A written folder's ``app.py`` subclasses it (to say where the folder is) and Gym's launcher, ``gymhost serve`` or
 ``create_app`` runs it like any resources server. This module is the Gym-facing glue only: it turns

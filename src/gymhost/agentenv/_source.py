@@ -56,7 +56,12 @@ async def inspect_source(
     if source.startswith(("http://", "https://")):
         api = TaskApi(source, timeout=PoolSettings().data_timeout_s)
         try:
-            environments = await api.environments()
+            try:
+                environments = await api.environments()
+            except EnvUnavailableError as error:
+                if tasks_file is None:
+                    raise SourceError(str(error)) from None
+                environments = None  # the agentenv card's probe below says what it meets
             if environments is not None:
                 if extra_urls:
                     raise SourceError(f"{source}: an OpenEnv server is one URL; --url is for agentenv instances")
