@@ -103,12 +103,12 @@ demo: .venv-gym04/.installed
 	.venv-gym04/bin/python examples/demo.py
 
 # Benchmarks use nemo-gym 0.7.0 (the current release) and wrk (Debian package) as the load generator.
-bench: .venv-gym07/.installed
+bench: .venv-gym07/.installed .venv-openenv/.installed
 	@command -v wrk >/dev/null || apt-get install -y -q wrk
 	@command -v haproxy >/dev/null || apt-get install -y -q haproxy
 	cd benchmarks && ../.venv-gym07/bin/python run.py
 
-bench-quick: .venv-gym07/.installed
+bench-quick: .venv-gym07/.installed .venv-openenv/.installed
 	@command -v wrk >/dev/null || apt-get install -y -q wrk
 	@command -v haproxy >/dev/null || apt-get install -y -q haproxy
 	cd benchmarks && ../.venv-gym07/bin/python run.py --quick

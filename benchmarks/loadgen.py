@@ -3,6 +3,7 @@ object with what it measured.
 
     python loadgen.py episodes URL ROWS.jsonl --task long-corridor --concurrency 64 --episodes 640 [--looks 4]
     python loadgen.py mcp ENV_URL --concurrency 64 --calls 2560
+    python loadgen.py openenv OPENENV_URL --concurrency 16 --calls 640
     python loadgen.py hold URL ROWS.jsonl --task long-corridor --pid SERVER_PID --levels 100,250,500,750,1000
     python loadgen.py think URL ROWS.jsonl --pid SERVER_PID --episodes 256 --think 0.5 --calls 4
     python loadgen.py burst URL ROWS.jsonl --seeds 200
@@ -10,6 +11,7 @@ object with what it measured.
 ``episodes``: each worker plays whole episodes against a written gridsim server, the way a trainer does (seed with
 the row, keep its cookie, tool calls, verify), and times every call. ``mcp``: each worker opens one MCP session
 directly on an environment instance and makes tool calls: the same tool calls without gymhost in between.
+``openenv``: the same for an OpenEnv server, each worker one session over its ``/ws`` (``look`` steps).
 ``hold``: opens episodes and keeps them open, level by level, reading the server's resident memory and timing one
 tool call on every open episode at each level; then verifies them all. ``think``: that many episodes at once, each
 waiting (a model's latency) before each of its tool calls, the way a training batch holds instances; watches the
@@ -99,7 +101,7 @@ def session(concurrency: int) -> aiohttp.ClientSession:
 async def episodes(args: argparse.Namespace) -> dict[str, Any]:
     row = load_row(args.rows, args.task)
     moves = [("gridsim_move", {"direction": "up"})] * args.moves
-    looks = [("gridsim_look", {})] * args.looks
+    looks = [(args.look_tool, {})] * args.looks
     timings: dict[str, list[float]] = {"seed": [], "tool": [], "look": [], "verify": [], "episode": []}
     errors: list[str] = []
     remaining = args.episodes
@@ -178,6 +180,37 @@ async def mcp(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             timings.append(time.perf_counter() - began)
         await http.delete(url, headers=headers)
+
+    async with session(args.concurrency) as http:
+        began = time.perf_counter()
+        await asyncio.gather(*(worker(http) for _ in range(args.concurrency)))
+        elapsed = time.perf_counter() - began
+    return {"concurrency": args.concurrency, "calls_per_s": round(len(timings) / elapsed, 1), "errors": len(errors),
+            "first_errors": errors[:3], "look": percentiles(timings)}  # fmt: skip
+
+
+async def openenv(args: argparse.Namespace) -> dict[str, Any]:
+    """``look`` steps straight to an OpenEnv server, one session (WebSocket) per worker, reset to a task first."""
+    timings: list[float] = []
+    errors: list[str] = []
+    remaining = args.calls
+    step = {"type": "step", "data": {"type": "call_tool", "tool_name": "look", "arguments": {}}}
+
+    async def worker(http: aiohttp.ClientSession) -> None:
+        nonlocal remaining
+        async with http.ws_connect(f"{args.url.replace('http', 'ws', 1)}/ws", max_msg_size=0) as ws:
+            await ws.send_json({"type": "reset", "data": {"split": "test", "index": 0}})
+            await ws.receive_json()
+            while remaining > 0:
+                remaining -= 1
+                began = time.perf_counter()
+                await ws.send_json(step)
+                reply = await ws.receive_json()
+                if reply.get("type") != "observation" or reply["data"]["observation"].get("error"):
+                    errors.append(str(reply)[:200])
+                    continue
+                timings.append(time.perf_counter() - began)
+            await ws.send_json({"type": "close"})
 
     async with session(args.concurrency) as http:
         began = time.perf_counter()
@@ -355,11 +388,16 @@ def main() -> None:
     play.add_argument("--episodes", type=int, default=100)
     play.add_argument("--moves", type=int, default=4)
     play.add_argument("--looks", type=int, default=0)
+    play.add_argument("--look-tool", default="gridsim_look")
     play.add_argument("--expect-reward", type=float, default=0.0)
     direct = sub.add_parser("mcp")
     direct.add_argument("url")
     direct.add_argument("--concurrency", type=int, default=1)
     direct.add_argument("--calls", type=int, default=1000)
+    over_ws = sub.add_parser("openenv")
+    over_ws.add_argument("url")
+    over_ws.add_argument("--concurrency", type=int, default=1)
+    over_ws.add_argument("--calls", type=int, default=1000)
     keep = sub.add_parser("hold")
     keep.add_argument("url")
     keep.add_argument("rows")
@@ -381,8 +419,8 @@ def main() -> None:
     cold.add_argument("--task", default="long-corridor")
     cold.add_argument("--seeds", type=int, default=200)
     args = parser.parse_args()
-    run = {"episodes": episodes, "mcp": mcp, "hold": hold, "think": think, "burst": burst}[args.mode]
-    json.dump(asyncio.run(run(args)), sys.stdout)
+    run = {"episodes": episodes, "mcp": mcp, "openenv": openenv, "hold": hold, "think": think, "burst": burst}
+    json.dump(asyncio.run(run[args.mode](args)), sys.stdout)
 
 
 if __name__ == "__main__":

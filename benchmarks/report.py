@@ -154,7 +154,30 @@ def tables(results: dict[str, Any], source: str) -> str:
     )
     lines += scale_tables(results.get("scale"))
     lines += scale_out_tables(results.get("scale_out"))
+    lines += openenv_tables(results.get("openenv"), ratios.get("openenv_bridge_latency"))
     return "\n".join(lines)
+
+
+def openenv_tables(bridged: dict[str, Any] | None, ratio: dict[str, Any] | None) -> list[str]:
+    if not bridged or not ratio:
+        return []
+    lines = [
+        "",
+        "**OpenEnv bridge**: the `sums` example served by openenv 0.10.0 (its own process, up to"
+        " 16 sessions), written with `gymhost write URL` and served; episodes of 40 `look` tool calls through gymhost"
+        " against the same step sent straight over the server's `/ws` by the same number of sessions:",
+        "",
+        "| sessions | tool call via gymhost p50 / p99 ms | direct over /ws p50 / p99 ms | latency ratio p50 (mean)"
+        " | errors |",
+        "|---|---|---|---|---|",
+    ]
+    for a, d in zip(bridged["through_gymhost"], bridged["direct_ws"], strict=True):
+        r = ratio[str(a["concurrency"])]
+        lines.append(
+            f"| {a['concurrency']} | {a['look']['p50_ms']} / {a['look']['p99_ms']} | {d['look']['p50_ms']} /"
+            f" {d['look']['p99_ms']} | {r['p50']} ({r['mean']}) | {a['errors'] + d['errors']} |"
+        )
+    return lines
 
 
 def scale_tables(scale: dict[str, Any] | None) -> list[str]:

@@ -237,6 +237,38 @@ def episodes(root: Path, scale: float) -> dict[str, Any]:
     return {"through_gymhost": through, "tool_calls_through_gymhost": calls, "direct_mcp": direct}
 
 
+OPENENV_PYTHON = REPO / ".venv-openenv" / "bin" / "python"
+OPENENV_SESSIONS = 16
+
+
+def openenv_bridge(root: Path, scale: float) -> dict[str, Any]:
+    """An OpenEnv server's tool call (``look``) through its written gymhost server, in episodes of 40 calls, against
+    the same call made straight over its /ws by the same number of sessions: the OpenEnv bridge's overhead."""
+    from gymhost.agentenv import write_folder
+
+    port, env_port = free_port(), free_port()
+    url, env_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{env_port}"
+    sums = [str(OPENENV_PYTHON), str(REPO / "examples" / "openenv_sums" / "server.py"), "--port", str(env_port),
+            "--max-sessions", str(OPENENV_SESSIONS), "--max-steps", "1000000"]  # fmt: skip
+    through: list[dict[str, Any]] = []
+    direct: list[dict[str, Any]] = []
+    with server(sums, env_url, ready="/health"):
+        folder = write_folder(env_url, root / "openenv", instances=OPENENV_SESSIONS).path
+        rows = str(folder / "data" / "test.jsonl")
+        with server(gymhost_serve(folder, port), url):
+            for c in (1, OPENENV_SESSIONS):
+                count = max(c, int((10 if c == 1 else 2 * c) * scale))
+                through.append(loadgen("episodes", url, rows, "--task", "test-0", "--concurrency", str(c),
+                                       "--episodes", str(count), "--looks", "40", "--moves", "0",
+                                       "--look-tool", "look"))  # fmt: skip
+        for c, played in zip((1, OPENENV_SESSIONS), through, strict=True):
+            direct.append(loadgen("openenv", env_url, "--concurrency", str(c), "--calls", str(played["look"]["count"])))
+    for a, d in zip(through, direct, strict=True):
+        print(f"  openenv c={a['concurrency']}: tool call p50 {a['look']['p50_ms']} ms through gymhost, "
+              f"{d['look']['p50_ms']} ms direct over /ws")  # fmt: skip
+    return {"through_gymhost": through, "direct_ws": direct}
+
+
 def resident_mb(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) / 1024
@@ -431,6 +463,15 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
             "p50": round(through["look"]["p50_ms"] / direct["look"]["p50_ms"], 2),
             "mean": round(through["look"]["mean_ms"] / direct["look"]["mean_ms"], 2),
         }
+    if "openenv" in results:
+        bridged = results["openenv"]
+        out["openenv_bridge_latency"] = {
+            str(through["concurrency"]): {
+                "p50": round(through["look"]["p50_ms"] / direct["look"]["p50_ms"], 2),
+                "mean": round(through["look"]["mean_ms"] / direct["look"]["mean_ms"], 2),
+            }
+            for through, direct in zip(bridged["through_gymhost"], bridged["direct_ws"], strict=True)
+        }
     levels = results["concurrency"]["levels"]
     clean = [level for level in levels if not level["seed_errors"] and not level["call_errors"]]
     if clean:
@@ -464,6 +505,8 @@ def main() -> None:
         results["scale"] = scale(Path(scratch), args.quick)
         print("scale-out:")
         results["scale_out"] = scale_out(Path(scratch), args.quick)
+        print("openenv:")
+        results["openenv"] = openenv_bridge(Path(scratch), scale_by)
     results["ratios"] = ratios(results)
     stamp = results["date"][:10] + ("-quick" if args.quick else "")
     (HERE / "results").mkdir(exist_ok=True)

@@ -8,7 +8,7 @@ Some numbers are hidden; the model looks at them (``look``, or ``peek`` one by p
 
 Run it (in a venv with ``openenv``)::
 
-    python examples/openenv_sums/server.py --port 8000 [--max-sessions N] [--no-tasks]
+    python examples/openenv_sums/server.py --port 8000 [--max-sessions N] [--no-tasks] [--max-steps N]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 from openenv.core.env_server.types import ConcurrencyConfig, Observation, State
 
-MAX_STEPS = 10
+MAX_STEPS = 10  # steps without a submit before the episode ends at 0.0 (--max-steps)
 PROMPT = (
     "Some numbers are hidden. Call look() to see them (or peek(position) for one), then call submit(answer) with "
     "their sum. You get reward 1.0 for the right sum."
@@ -46,6 +46,7 @@ def task(split: str, index: int) -> dict[str, Any]:
 
 class SumsEnvironment(MCPEnvironment):  # type: ignore[misc]
     SUPPORTS_CONCURRENT_SESSIONS = True  # every session has its own object and nothing is shared
+    max_steps = MAX_STEPS
 
     def __init__(self) -> None:
         self._numbers: list[int] = []
@@ -113,7 +114,7 @@ class SumsEnvironment(MCPEnvironment):  # type: ignore[misc]
     def _rewarded(self, observation: Observation) -> Observation:
         if isinstance(observation, CallToolObservation):
             self._state.step_count += 1
-            if not self._done and self._state.step_count >= MAX_STEPS:
+            if not self._done and self._state.step_count >= self.max_steps:
                 self._done, self._earned = True, 0.0
         observation.done, observation.reward = self._done, self._earned
         self._earned = None
@@ -138,7 +139,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-sessions", type=int, default=1, help="openenv's max_concurrent_envs (its default: 1)")
     parser.add_argument("--no-tasks", action="store_true", help="serve it without a Task API")
+    parser.add_argument("--max-steps", type=int, default=MAX_STEPS, help="steps before an episode ends unsolved")
     args = parser.parse_args()
+    SumsEnvironment.max_steps = args.max_steps
     environment = SumsWithoutTasks if args.no_tasks else SumsEnvironment
     app = create_app(
         environment,
