@@ -150,10 +150,10 @@ async def test_one_session_at_a_time_queues_the_episodes(gym: ServerProcess, fol
 
 
 async def test_more_sessions_than_the_server_allows_are_retried_then_masked(folder: Path) -> None:
-    """A folder that asks for more sessions than the server has: a seed refused for capacity is tried again while
-    its limit lasts (here the episodes are short, so all of them play), and one refused for longer is a masked
-    provider_unavailable, never a 0.0."""
-    two = ["--set", "source.max_instances=2", "--set", "data_timeout_s=2"]
+    """A folder that asks for more sessions than the server has: a seed refused for capacity waits for a session as
+    it waits for an instance, up to lease_timeout_s (here the episodes are short, so all of them play), and one
+    refused for longer is a masked provider_unavailable, never a 0.0."""
+    two = ["--set", "source.max_instances=2", "--set", "lease_timeout_s=2"]
     with serving(gymhost_command("serve", str(folder), "--port", "0", *two)) as gym:
         everything = rows(folder)
         answers = await asyncio.gather(*(play(gym.url, everything[i % 6]) for i in range(6)))

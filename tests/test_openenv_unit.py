@@ -26,7 +26,7 @@ class Resets:
         self.observation = observation
         self.asked: list[dict[str, Any]] = []
 
-    async def reset_observations(self, resets: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    async def reset_observations(self, resets: list[dict[str, Any]], settings: Any) -> list[dict[str, Any]]:
         self.asked += resets
         return [self.observation for _ in resets]
 

@@ -226,7 +226,7 @@ class OpenEnvClient:
         self._episode = _Episode()
 
     async def card(self) -> dict[str, Any]:
-        return await self._launcher.card(self._settings.data_timeout_s)
+        return await self._launcher.card(self._settings)
 
     async def hidden_tools(self, card: dict[str, Any]) -> set[str]:
         return set()  # OpenEnv has no hidden tools
@@ -241,8 +241,7 @@ class OpenEnvClient:
     async def load(self, task: Task) -> None:
         """Open the episode's session and reset it to the task (its ``seed.reset``: split and index)."""
         await self.reset()
-        timeout = self._settings.data_timeout_s
-        self._session = await self._launcher.open_session(task.seed.reset or {}, timeout, self._episode)
+        self._session = await self._launcher.open_session(task.seed.reset or {}, self._settings, self._episode)
 
     def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> ToolSession:
         return _Tools(self, timeout)
@@ -341,8 +340,8 @@ def _text_result(text: str, *, error: bool = False) -> ToolResult:
 class OpenEnvLauncher:
     """Sessions on one OpenEnv server (``_launchers.Launcher``). Its instances are gymhost's own bookkeeping, so the
     pool makes and replaces them freely; the server's ``max_concurrent_envs`` is what bounds them, and a written
-    config's ``max_instances`` should not exceed it (a session over it is refused for capacity, retried until the
-    load's limit, then masked ``provider_unavailable``)."""
+    config's ``max_instances`` should not exceed it (a session over it is refused for capacity, retried for up to
+    ``lease_timeout_s``, then masked ``provider_unavailable``)."""
 
     restarts = True
 
@@ -366,12 +365,12 @@ class OpenEnvLauncher:
     async def close(self) -> None:
         pass
 
-    async def card(self, timeout: float) -> dict[str, Any]:
+    async def card(self, settings: PoolSettings) -> dict[str, Any]:
         """The environment's tools, read once over a session of its own."""
         async with self._card_lock:
             if self._card is None:
                 session, reply = await self._open(
-                    {"type": "step", "data": {"type": "list_tools"}}, "list_tools", timeout
+                    {"type": "step", "data": {"type": "list_tools"}}, "list_tools", settings
                 )
                 await session.close()
                 observation = reply["data"].get("observation") if reply.get("type") == "observation" else None
@@ -381,24 +380,26 @@ class OpenEnvLauncher:
                 self._card = openenv_card(self.environment, tools)
             return self._card
 
-    async def open_session(self, reset: dict[str, Any], timeout: float, episode: _Episode) -> _Session:
+    async def open_session(self, reset: dict[str, Any], settings: PoolSettings, episode: _Episode) -> _Session:
         """A new session, reset with ``reset`` (the data of the reset message), whose reward ``episode`` counts."""
-        session, reply = await self._open({"type": "reset", "data": reset}, f"reset {json.dumps(reset)}", timeout)
+        session, reply = await self._open({"type": "reset", "data": reset}, f"reset {json.dumps(reset)}", settings)
         episode.add(reply["data"])
         return session
 
-    async def reset_observations(self, resets: list[dict[str, Any]], timeout: float) -> list[dict[str, Any]]:
+    async def reset_observations(self, resets: list[dict[str, Any]], settings: PoolSettings) -> list[dict[str, Any]]:
         """What each reset answers (its ``data``), over one session: where ``gymhost write`` finds the prompts of
         tasks that do not carry theirs."""
         if not resets:
             return []
         session, reply = await self._open(
-            {"type": "reset", "data": resets[0]}, f"reset {json.dumps(resets[0])}", timeout
+            {"type": "reset", "data": resets[0]}, f"reset {json.dumps(resets[0])}", settings
         )
         answers = [reply["data"]]
         try:
             for reset in resets[1:]:
-                reply = await session.request({"type": "reset", "data": reset}, timeout, f"reset {json.dumps(reset)}")
+                reply = await session.request(
+                    {"type": "reset", "data": reset}, settings.data_timeout_s, f"reset {json.dumps(reset)}"
+                )
                 if reply.get("type") != "observation":
                     raise DataPlaneError(f"{self.url}: reset {json.dumps(reset)} failed: {json.dumps(reply)[:300]}")
                 answers.append(reply["data"])
@@ -406,17 +407,20 @@ class OpenEnvLauncher:
             await session.close()
         return answers
 
-    async def _open(self, message: dict[str, Any], what: str, timeout: float) -> tuple[_Session, dict[str, Any]]:
-        """A new session and the observation its first message answered. A session refused for capacity is tried
-        again until ``timeout``: the slot of the session closed just before may not be free yet, or another client
-        holds the server's sessions; any other error is the environment's (``DataPlaneError``)."""
+    async def _open(
+        self, message: dict[str, Any], what: str, settings: PoolSettings
+    ) -> tuple[_Session, dict[str, Any]]:
+        """A new session and the observation its first message answered, each exchange within ``data_timeout_s``.
+        A session refused for capacity is a seed waiting for a free instance, the server's this time: it is tried
+        again until ``lease_timeout_s`` (the slot of the session closed just before may not be free yet, or another
+        client holds the server's sessions). Any other error is the environment's (``DataPlaneError``)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + settings.lease_timeout_s
         attempt = 0
         while True:
-            session = await self._connect(max(0.1, deadline - loop.time()))
+            session = await self._connect(settings.data_timeout_s)
             try:
-                reply = await session.request(message, max(0.1, deadline - loop.time()), what)
+                reply = await session.request(message, settings.data_timeout_s, what)
             except BaseException:
                 await session.abort()
                 raise
@@ -433,7 +437,8 @@ class OpenEnvLauncher:
             if loop.time() + pause > deadline:
                 raise EnvAtCapacityError(
                     f"{self.url}: every session of the OpenEnv server is taken ({data.get('message')}) and none came "
-                    f"free in {timeout:g}s: raise its max_concurrent_envs, or lower this server's max_instances"
+                    f"free in {settings.lease_timeout_s:g}s (lease_timeout_s): raise its max_concurrent_envs, or "
+                    "lower this server's max_instances"
                 )
             await asyncio.sleep(pause)
 

@@ -70,7 +70,7 @@ async def _converted(raw: list[Any], split: str, launcher: OpenEnvLauncher, prom
     missing = [index for index in range(len(raw)) if index not in prompts]
     if missing:
         observations = await launcher.reset_observations(
-            [{"split": split, "index": index} for index in missing], PoolSettings().data_timeout_s
+            [{"split": split, "index": index} for index in missing], PoolSettings()
         )
         for index, observation in zip(missing, observations, strict=True):
             found = _first(observation, reset_fields)

@@ -133,7 +133,7 @@ async def _inspect_openenv(
         )
     launcher = OpenEnvLauncher(api.base_url, environments[0])
     try:
-        card = await launcher.card(PoolSettings().data_timeout_s)
+        card = await launcher.card(PoolSettings())
     except (EnvUnavailableError, DataPlaneError) as error:
         raise SourceError(f"{api.base_url}: the OpenEnv server's tools could not be listed over /ws: {error}") from None
     if tasks_file is not None:
