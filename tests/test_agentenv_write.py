@@ -12,6 +12,7 @@ import pytest
 from gymhost.agentenv import CatalogError, SourceError, TaskError, WriteError, write_folder
 
 from .agentenv_helpers import COUNTER_TASK, GRIDSIM, copy_gridsim, environment_process, make_bundle, rows
+from .conftest import REPO
 from .processes import run_to_completion
 
 pytestmark = pytest.mark.unit
@@ -34,6 +35,7 @@ def test_the_folder_is_a_gym_resources_server_folder(written: Path) -> None:
     assert files == {
         "app.py",
         "configs/gridsim_v1.yaml",
+        "configs/gridsim_v1_environment_server.yaml",
         "data/eval.jsonl",
         "requirements.txt",
         "README.md",
@@ -46,11 +48,16 @@ def test_the_folder_is_a_gym_resources_server_folder(written: Path) -> None:
     assert (
         'if __name__ == "__main__":\n    GridsimV1ResourcesServer.run_webserver()' in (written / "app.py").read_text()
     )
-    assert (written / "requirements.txt").read_text().splitlines()[0] == "gymhost[nemo-gym]"
+    # gymhost as it was installed here (PEP 610): this checkout, so that Gym's launcher can build the server's venv.
+    assert (written / "requirements.txt").read_text().splitlines()[0] == f"gymhost[nemo-gym] @ {REPO.as_uri()}"
 
 
 def test_the_config_has_the_server_an_agent_and_an_environment_server(written: Path) -> None:
+    """The environment server (nemo-gym 0.7.0's) in a file of its own: 0.4.0's launcher refuses the block."""
     config = (written / "configs" / "gridsim_v1.yaml").read_text()
+    environment_server = (written / "configs" / "gridsim_v1_environment_server.yaml").read_text()
+    assert "gridsim_v1_environment_server:\n  environment_servers:\n    legacy_agent:" in environment_server
+    assert "environment_servers" not in config
     for line in [
         "gridsim_v1_resources_server:\n  resources_servers:\n    gridsim_v1:\n      entrypoint: app.py",
         '      environment: "gridsim"',
@@ -58,8 +65,8 @@ def test_the_config_has_the_server_an_agent_and_an_environment_server(written: P
         '      tasks: "bundle/tasks"',
         "gridsim_v1_simple_agent:\n  responses_api_agents:\n    simple_agent:",
         "        name: gridsim_v1_resources_server",
+        '        license: "TBD"',  # Gym refuses a train or validation dataset without one
         '        jsonl_fpath: "resources_servers/gridsim_v1/data/eval.jsonl"',
-        "gridsim_v1_environment_server:\n  environment_servers:\n    legacy_agent:",
     ]:
         assert line in config
 

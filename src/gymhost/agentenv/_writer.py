@@ -1,16 +1,19 @@
 """``gymhost write``: an agent environment in, an ordinary Gym resources-server folder out.
 
 The folder (``ROOT/resources_servers/<name>/``) is self-contained and relocatable: ``app.py``, ``configs/<name>.yaml``
-(the resources server, a simple agent and, for nemo-gym 0.7.0, an environment server, so ``gym env start`` can run
-it), ``data/<split>.jsonl`` (one Gym row per task), ``requirements.txt``, a README, and the bundle itself copied
-in (or, for a URL source, the task file). It is built in a scratch folder beside the target and moved into place
-at the end, so a failed write leaves nothing half-written. Writing needs neither nemo-gym nor omegaconf: the YAML
-is written from a template.
+(the resources server and a simple agent, which ``gym env start`` runs on nemo-gym 0.4.0 and 0.7.0),
+``configs/<name>_environment_server.yaml`` (the environment server nemo-gym 0.7.0 routes rollouts through; 0.4.0's
+launcher refuses the block, so it is a file of its own), ``data/<split>.jsonl`` (one Gym row per task),
+``requirements.txt`` (gymhost named the way it was installed here, so Gym's launcher can build the server's venv),
+a README, and the bundle itself copied in (or, for a URL source, the tasks). It is built in a scratch folder beside
+the target and moved into place at the end, so a failed write leaves nothing half-written. Writing needs neither
+nemo-gym nor omegaconf: the YAML is written from a template.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
 import re
 import shutil
@@ -173,6 +176,7 @@ def _write_contents(folder: Path, name: str, source: Source, instances: tuple[in
 
     (folder / "app.py").write_text(_app_py(name, source), encoding="utf-8")
     (folder / "configs" / f"{name}.yaml").write_text(_config_yaml(name, source, instances, mode, tasks_path, rows))
+    (folder / "configs" / f"{name}_environment_server.yaml").write_text(_environment_server_yaml(name))
     (folder / "requirements.txt").write_text(_requirements(source))
     (folder / "README.md").write_text(_readme(name, source, rows))
     return rows
@@ -239,11 +243,14 @@ def _config_yaml(
     datasets = "\n".join(
         f"""      - name: {q(split)}
         type: {q(_dataset_type(split))}
+        license: "TBD"  # the tasks' license; Gym requires one for train and validation datasets
         jsonl_fpath: {q(f"resources_servers/{name}/data/{split}.jsonl")}"""
         for split in rows
     )
     return f"""# Written by `gymhost write` for the agent environment {q(source.environment)}.
-# Serve the resources server with `gymhost serve` on this folder; `gym env start` runs all three blocks.
+# Serve the resources server with `gymhost serve` on this folder. Gym's launcher runs both blocks (tested on nemo-gym
+# 0.4.0 and 0.7.0, with the launcher reusing an existing venv: see README.md); on 0.7.0 give it
+# configs/{name}_environment_server.yaml too.
 {name}_resources_server:
   resources_servers:
     {name}:
@@ -268,6 +275,13 @@ def _config_yaml(
         name: policy_model
       datasets:
 {datasets}
+"""
+
+
+def _environment_server_yaml(name: str) -> str:
+    return f"""# Written by `gymhost write`: the environment server nemo-gym 0.7.0 routes rollouts through, for
+# the simple agent of {name}.yaml. Give it to Gym's launcher with that file on 0.7.0 (`--config` twice);
+# nemo-gym 0.4.0 has no environment servers and refuses this block.
 {name}_environment_server:
   environment_servers:
     legacy_agent:
@@ -298,7 +312,7 @@ def _dataset_type(split: str) -> str:
 
 
 def _requirements(source: Source) -> str:
-    lines = ["gymhost[nemo-gym]", "agentenv-framework-protocol>=0.1.379,<0.2"]
+    lines = [_gymhost_requirement(), "agentenv-framework-protocol>=0.1.379,<0.2"]
     if source.bundle is not None and (source.bundle / "requirements.txt").is_file():
         lines += [
             line.strip()
@@ -324,6 +338,21 @@ tool reports an error); `/verify` grades the episode from the task's criteria, t
 with `mask_sample` true only when the infrastructure failed."""
 
 
+def _gymhost_requirement() -> str:
+    """gymhost as pip or uv can install it: from where this gymhost was installed (PEP 610's ``direct_url.json``: a
+    checkout, a wheel file, a VCS URL), else the version from a package index. Gym's launcher builds each server's
+    venv from its ``requirements.txt``, and a bare name resolves only where gymhost is on the index."""
+    try:
+        distribution = importlib.metadata.distribution("gymhost")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "gymhost[nemo-gym]"
+    direct = distribution.read_text("direct_url.json")
+    url = json.loads(direct).get("url") if direct else None
+    if isinstance(url, str) and url:
+        return f"gymhost[nemo-gym] @ {url}"
+    return f"gymhost[nemo-gym]=={distribution.version}"
+
+
 def _readme(name: str, source: Source, rows: dict[str, int]) -> str:
     origin = (
         f"the bundle in `bundle/` (copied from `{source.bundle}`)"
@@ -344,8 +373,30 @@ gymhost serve resources_servers/{name} --port 8000      # or: cd resources_serve
 GYMHOST_FOLDER=resources_servers/{name} uvicorn gymhost.asgi:app --port 8000
 ```
 
-`gym env start` runs the whole folder too (`configs/{name}.yaml` has the resources server, a simple agent and an
-environment server). `requirements.txt` lists what the server needs.
+## Under Gym's launcher
+
+`configs/{name}.yaml` has the resources server and a simple agent; on nemo-gym 0.7.0,
+`configs/{name}_environment_server.yaml` adds the environment server its rollouts go through. From the Gym root
+(the folder that holds `resources_servers/`), with a model server of yours:
+
+```
+gym env start --config resources_servers/{name}/configs/{name}.yaml \\
+  --config resources_servers/{name}/configs/{name}_environment_server.yaml \\
+  --model-type vllm_model --model-url http://HOST:PORT/v1 --model MODEL --model-api-key KEY
+```
+
+(nemo-gym 0.4.0: only the first `--config`, and `++head_server.host=127.0.0.1 ++head_server.port=11000` if you set
+either.) Gym builds a venv per server from its `requirements.txt` with uv; this one names gymhost the way it was
+installed where the folder was written (edit that line if gymhost comes from elsewhere on the machine that runs it).
+To reuse a venv that has nemo-gym and gymhost instead, link it as each server's venv and tell Gym not to build:
+
+```
+for server in resources_servers/{name} responses_api_agents/simple_agent \\
+    responses_api_models/vllm_model environment_servers/legacy_agent; do
+  mkdir -p venvs/$server && ln -sfn "$VIRTUAL_ENV" venvs/$server/.venv
+done
+gym env start ... ++uv_venv_dir=$PWD/venvs ++skip_venv_if_present=true
+```
 
 ## What it does
 
