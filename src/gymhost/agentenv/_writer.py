@@ -387,7 +387,8 @@ gym env start --config resources_servers/{name}/configs/{name}.yaml \\
 
 (nemo-gym 0.4.0: only the first `--config`, and `++head_server.host=127.0.0.1 ++head_server.port=11000` if you set
 either.) Gym builds a venv per server from its `requirements.txt` with uv; this one names gymhost the way it was
-installed where the folder was written (edit that line if gymhost comes from elsewhere on the machine that runs it).
+installed where the folder was written (edit that line if gymhost comes from elsewhere on the machine that runs it;
+gymhost's tests do not run that build, which needs uv and a package index).
 To reuse a venv that has nemo-gym and gymhost instead, link it as each server's venv and tell Gym not to build:
 
 ```
