@@ -232,13 +232,23 @@ def scale_out_tables(out: dict[str, Any] | None) -> list[str]:
     one, two = played["1"]["episodes_per_s"], played["2"]["episodes_per_s"]
     lines.append(f"| episodes/s, 64 at once (gridsim, in-process) | {one} | {two} | {two / one:.2f} |")
     direct, front = out["one_replica_direct"], out["haproxy_3_replicas"]
+    if out["forwarded_mean_ms"] is None:
+        forward = (
+            f"At one connection, wrk's one keep-alive connection was accepted by the worker holding its session, so"
+            f" no request was forwarded in this run (the owner answered in {out['owner_mean_ms']} ms on average, from"
+            " the servers' own metrics); the forward's cost is measured only when the other worker accepts it."
+        )
+    else:
+        forward = (
+            f"At one connection, a request forwarded to the worker holding its session took"
+            f" {out['forwarded_mean_ms']} ms on average, end to end on the receiving worker, where the owner answered"
+            f" its own in {out['owner_mean_ms']} ms (means from the servers' own metrics): the forward's cost is the"
+            " difference. (With one keep-alive connection, wrk's throughput depends on which worker accepted it: all"
+            " its requests are forwarded, or none.)"
+        )
     lines += [
         "",
-        f"At one connection, a request forwarded to the worker holding its session took {out['forwarded_mean_ms']}"
-        f" ms on average, end to end on the receiving worker, where the owner answered its own in"
-        f" {out['owner_mean_ms']} ms (means from the servers' own metrics): the forward's cost is the difference."
-        " (With one keep-alive connection, wrk's throughput depends on which worker accepted it: all its requests"
-        " are forwarded, or none.) Three replicas behind HAProxy with the deploy/ recipe played"
+        forward + " Three replicas behind HAProxy with the deploy/ recipe played"
         f" {front['episodes_per_s']} episodes/s ({front['errors']} errors) where one replica alone played"
         f" {direct['episodes_per_s']} ({direct['errors']} errors), on the same two cores.",
     ]
