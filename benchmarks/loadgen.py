@@ -140,6 +140,16 @@ async def episodes(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+async def direct_calls(concurrency: int, worker: Any, timings: list[float], errors: list[str]) -> dict[str, Any]:
+    """Run ``concurrency`` workers that time tool calls made straight to an environment; what they measured."""
+    async with session(concurrency) as http:
+        began = time.perf_counter()
+        await asyncio.gather(*(worker(http) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    return {"concurrency": concurrency, "calls_per_s": round(len(timings) / elapsed, 1), "errors": len(errors),
+            "first_errors": errors[:3], "look": percentiles(timings)}  # fmt: skip
+
+
 async def mcp(args: argparse.Namespace) -> dict[str, Any]:
     """Tool calls straight to an environment over MCP, one session per worker."""
     timings: list[float] = []
@@ -181,12 +191,7 @@ async def mcp(args: argparse.Namespace) -> dict[str, Any]:
             timings.append(time.perf_counter() - began)
         await http.delete(url, headers=headers)
 
-    async with session(args.concurrency) as http:
-        began = time.perf_counter()
-        await asyncio.gather(*(worker(http) for _ in range(args.concurrency)))
-        elapsed = time.perf_counter() - began
-    return {"concurrency": args.concurrency, "calls_per_s": round(len(timings) / elapsed, 1), "errors": len(errors),
-            "first_errors": errors[:3], "look": percentiles(timings)}  # fmt: skip
+    return await direct_calls(args.concurrency, worker, timings, errors)
 
 
 async def openenv(args: argparse.Namespace) -> dict[str, Any]:
@@ -212,12 +217,7 @@ async def openenv(args: argparse.Namespace) -> dict[str, Any]:
                 timings.append(time.perf_counter() - began)
             await ws.send_json({"type": "close"})
 
-    async with session(args.concurrency) as http:
-        began = time.perf_counter()
-        await asyncio.gather(*(worker(http) for _ in range(args.concurrency)))
-        elapsed = time.perf_counter() - began
-    return {"concurrency": args.concurrency, "calls_per_s": round(len(timings) / elapsed, 1), "errors": len(errors),
-            "first_errors": errors[:3], "look": percentiles(timings)}  # fmt: skip
+    return await direct_calls(args.concurrency, worker, timings, errors)
 
 
 async def hold(args: argparse.Namespace) -> dict[str, Any]:
