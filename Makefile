@@ -7,9 +7,10 @@
 #   .venv-gym04  Python 3.12, nemo-gym 0.4.0 (the version verifiers pins).
 #   .venv-gym07  Python 3.13, nemo-gym 0.7.0. nemo-gym >= 0.5 declares Requires-Python >= 3.13.14 and these
 #                machines have 3.13.0, so it is installed with --ignore-requires-python (it runs fine).
-# and two that are not gymhost's: .venv-openenv (Python 3.12, openenv 0.10.0) runs the OpenEnv example server the
-# nemo_gym tiers write from (its dependencies conflict with nemo-gym 0.4.0's), and .venv-verifiers (Python 3.12,
-# verifiers, which pins mcp 2) runs the real trainer client against a gymhost server.
+# and three that are not gymhost's: .venv-openenv (Python 3.12, openenv 0.10.0) runs the OpenEnv example server the
+# nemo_gym tiers write from (its dependencies conflict with nemo-gym 0.4.0's), .venv-agentenv (Python 3.12,
+# agentenv-framework[openenv]) runs agent-env's own OpenEnv app for the agent-env example bundle (the same conflict),
+# and .venv-verifiers (Python 3.12, verifiers, which pins mcp 2) runs the real trainer client against a gymhost server.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -62,6 +63,13 @@ typecheck: .venv-gym04/.installed
 
 OPENENV := GYMHOST_OPENENV_PYTHON=$(CURDIR)/.venv-openenv/bin/python
 
+.venv-agentenv/.installed: examples/agent_env_quiz/requirements.txt | check-pythons
+	rm -rf .venv-agentenv && $(PY312) -m venv .venv-agentenv
+	.venv-agentenv/bin/pip install -q -r examples/agent_env_quiz/requirements.txt $(PIP_QUIET)
+	touch $@
+
+AGENTENV := GYMHOST_AGENT_ENV_PYTHON=$(CURDIR)/.venv-agentenv/bin/python
+
 .venv-verifiers/.installed: tests/verifiers-requirements.txt | check-pythons
 	rm -rf .venv-verifiers && $(PY312) -m venv .venv-verifiers
 	.venv-verifiers/bin/pip install -q -r tests/verifiers-requirements.txt $(PIP_QUIET)
@@ -70,16 +78,16 @@ OPENENV := GYMHOST_OPENENV_PYTHON=$(CURDIR)/.venv-openenv/bin/python
 test-unit: .venv/.installed
 	.venv/bin/pytest -m unit
 
-test-gym04: .venv-gym04/.installed .venv-openenv/.installed
-	$(OPENENV) .venv-gym04/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers"
+test-gym04: .venv-gym04/.installed .venv-openenv/.installed .venv-agentenv/.installed
+	$(OPENENV) $(AGENTENV) .venv-gym04/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers"
 
-test-gym07: .venv-gym07/.installed .venv-openenv/.installed
-	$(OPENENV) .venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers"
+test-gym07: .venv-gym07/.installed .venv-openenv/.installed .venv-agentenv/.installed
+	$(OPENENV) $(AGENTENV) .venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers"
 
 # The verifiers tier: the real trainer client (vf-eval, NeMo Gym taskset) against gymhost, on nemo-gym 0.4.0 (the
 # version verifiers pins).
-test-verifiers: .venv-gym04/.installed .venv-openenv/.installed .venv-verifiers/.installed
-	$(OPENENV) GYMHOST_VERIFIERS_BIN=$(CURDIR)/.venv-verifiers/bin .venv-gym04/bin/pytest -m verifiers
+test-verifiers: .venv-gym04/.installed .venv-openenv/.installed .venv-agentenv/.installed .venv-verifiers/.installed
+	$(OPENENV) $(AGENTENV) GYMHOST_VERIFIERS_BIN=$(CURDIR)/.venv-verifiers/bin .venv-gym04/bin/pytest -m verifiers
 
 # The soak tier: many episodes with injected faults, bounded in time and count; once, on the current nemo-gym.
 test-soak: .venv-gym07/.installed
@@ -114,4 +122,4 @@ bench-quick: .venv-gym07/.installed .venv-openenv/.installed
 	cd benchmarks && ../.venv-gym07/bin/python run.py --quick
 
 clean:
-	rm -rf .venv .venv-gym04 .venv-gym07 .venv-openenv .venv-verifiers .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .venv-gym04 .venv-gym07 .venv-openenv .venv-agentenv .venv-verifiers .pytest_cache .mypy_cache .ruff_cache

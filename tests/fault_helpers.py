@@ -29,6 +29,8 @@ import httpx
 from gymhost import EpisodeClient
 from gymhost.agentenv import awrite_folder, write_folder
 
+from .verdicts import REFUSAL_STATUSES, carries_mask, read_verdict
+
 FAULTY_ENV = '''
 import asyncio
 import os
@@ -266,8 +268,8 @@ async def run_episode(base: str, row: dict[str, Any], kind: str, transport: Shar
             return outcome
         verified = await episode.post("/verify", {**row, "response": episode.transcript.response()})
         outcome.statuses.append(("verify", verified.status_code))
-        if verified.status_code == 200:
-            outcome.verdict = verified.json()
+        if verified.status_code == 200 or (verified.status_code in REFUSAL_STATUSES and not carries_mask()):
+            outcome.verdict = read_verdict(verified)
     return outcome
 
 
@@ -301,9 +303,10 @@ def problems(outcomes: list[Outcome]) -> list[str]:
         verdict = outcome.verdict or {}
         summary = {key: verdict.get(key) for key in ("reward", "mask_sample", "failure_kind", "failure_reason")}
         statuses = dict(outcome.statuses)
-        if any(status >= 500 and status != 503 for _, status in outcome.statuses):
+        verified = statuses.get("verify") == 200 or (outcome.verdict is not None and not carries_mask())
+        if any(status >= 500 and status != 503 and call != "verify" for call, status in outcome.statuses):
             found.append(f"#{number} {outcome.kind}: a 5xx other than 503: {outcome.statuses}")
-        elif statuses.get("seed") != 200 or (outcome.kind != "abandon" and statuses.get("verify") != 200):
+        elif statuses.get("seed") != 200 or (outcome.kind != "abandon" and not verified):
             found.append(f"#{number} {outcome.kind}: seed or verify failed: {outcome.statuses} {outcome.notes}")
         elif outcome.kind == "play" and (verdict["reward"], verdict["mask_sample"]) != (1.0, False):
             found.append(f"#{number} play did not score 1.0 unmasked: {summary} {outcome.statuses} {outcome.notes}")

@@ -20,6 +20,7 @@ from gymhost.agentenv import Task, awrite_folder, load_tasks, write_folder
 
 from .agentenv_helpers import GRIDSIM, environment_process, pool_status, rows, served
 from .processes import alive, assert_stopped_cleanly, gymhost_command, run_to_completion, serving
+from .verdicts import verdict
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -143,7 +144,7 @@ async def test_killing_the_leased_instance_masks_the_episode_and_the_pool_recove
         output = await episode.call_tool("gridsim_move", {"direction": "up"})
         assert output.status_code == 503
         assert json.loads(output.text)["detail"].startswith("the environment is unavailable: tool gridsim_move: ")
-        answer = await episode.verify(row, "done")
+        answer = await verdict(episode, row, "done")
         assert (answer["reward"], answer["mask_sample"]) == (0.0, True)
         # A kept-alive connection to the dead process resets (peer drop); a new one is refused (unreachable).
         assert answer["failure_kind"] in {"transport_peer_drop", "transport_unreachable"}
@@ -225,7 +226,7 @@ async def test_seeds_wait_for_a_lease_visibly_then_answer_503_naming_the_limit(f
             assert "within lease_timeout_s=1s: all 1 instances (the maximum, source.max_instances)" in detail
             assert "--set source.max_instances=N" in detail
             waiter.cookies.update(refused.cookies)
-            answer = await waiter.verify(row)
+            answer = await verdict(waiter, row)
             assert (answer["mask_sample"], answer["failure_kind"]) == (True, "provider_unavailable")
         assert (await holder.verify(row))["mask_sample"] is False
         status = await pool_status(BASE, transport)
@@ -261,7 +262,7 @@ async def test_idle_episodes_expire_and_free_their_instance(folder: Path) -> Non
         deadline = time.monotonic() + 10
         while (await pool_status(BASE, transport))["open_episodes"] and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        answer = await episode.verify(row)
+        answer = await verdict(episode, row)
         assert (answer["mask_sample"], answer["failure_kind"]) == (True, "session_expired")
         assert (await play(BASE, row, transport=transport))["reward"] == 1.0
 
@@ -427,7 +428,7 @@ async def test_a_tool_that_hangs_times_out_masked_and_its_instance_is_replaced(m
         stalled = await episode.call_tool("stall", {"seconds": 3})
         assert stalled.status_code == 503
         assert "did not answer within 0.5s" in stalled.text
-        answer = await episode.verify(the_row)
+        answer = await verdict(episode, the_row)
         assert (answer["mask_sample"], answer["failure_kind"]) == (True, "transport_timeout")
         episode = EpisodeClient(BASE, transport=transport)
         await episode.seed(the_row)

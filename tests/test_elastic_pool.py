@@ -19,6 +19,7 @@ from gymhost.agentenv import awrite_folder
 
 from .agentenv_helpers import COUNTER_ENV, make_bundle, pool_status, rows, served
 from .processes import alive, children, parent
+from .verdicts import verdict
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -171,7 +172,7 @@ async def test_half_the_instances_killed_in_a_burst_cost_only_their_own_episodes
                 await episode.call_tool("increment", {"by": 1})
                 await asyncio.sleep(0.5)
                 await episode.call_tool("increment", {"by": 1})
-                return await episode.verify(row)
+                return await verdict(episode, row)
 
         burst = [asyncio.create_task(episode_with_think_time()) for _ in range(24)]
         await asyncio.sleep(0.3)

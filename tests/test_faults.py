@@ -34,6 +34,7 @@ from .processes import (
     parent,
     serving,
 )
+from .verdicts import verdict
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -143,7 +144,7 @@ async def test_a_broken_instance_costs_one_masked_episode_then_is_replaced(
         await episode.seed(row)
         assert (await episode.call_tool("add", {"n": 1})).ok  # the instance works until the fault
         await inject(episode, before["pid"])
-        answer = await episode.verify(row)
+        answer = await verdict(episode, row)
     assert (answer["reward"], answer["mask_sample"]) == (0.0, True), answer
     assert is_failure_kind(answer["failure_kind"]), answer
     assert answer["failure_reason"]
@@ -197,7 +198,7 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
             hanging = asyncio.create_task(stuck.call_tool("hang"))
             await await_for("a tool call is hanging in an instance", lambda: any_instance_hanging(server.url))
             await refused(crashed.call_tool("crash"))
-            assert (await crashed.verify(row))["mask_sample"] is True  # its instance goes to be replaced
+            assert (await verdict(crashed, row))["mask_sample"] is True  # its instance goes to be replaced
 
             def replacement_starting() -> list[int]:
                 alive_instances = [pid for pid in children(template) if alive(pid)]

@@ -25,6 +25,7 @@ from gymhost import EpisodeClient
 from .agentenv_helpers import pool_status_of
 from .conftest import REPO
 from .processes import ServerProcess, assert_stopped_cleanly, free_port, gymhost_command, run_to_completion, serving
+from .verdicts import verdict
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -187,7 +188,7 @@ async def test_an_openenv_server_killed_mid_episode_masks_its_episodes(tmp_path:
                 cut = await episode.call_tool("submit", {"answer": ANSWERS[row["task_id"]]})
                 assert cut.status_code == 503, cut
                 assert "the environment is unavailable" in cut.text
-                answer = await episode.verify(row)
+                answer = await verdict(episode, row)
             assert answer["mask_sample"] is True, answer
             assert answer["failure_kind"] == "transport_peer_drop", answer
             with openenv_server(port=port):

@@ -11,7 +11,7 @@ import pytest
 from gymhost.agentenv import CatalogError, SourceError, Task
 from gymhost.agentenv._catalog import check_tasks
 from gymhost.agentenv._grading import evaluate
-from gymhost.agentenv._openenv import _observation_result, openenv_card
+from gymhost.agentenv._openenv import _observation_result, _Tally, environment_error, openenv_card
 from gymhost.agentenv._openenv_tasks import _converted
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
@@ -20,15 +20,19 @@ CARD = openenv_card("sums", [{"name": "look", "description": "", "input_schema":
 
 
 class Resets:
-    """What ``_converted`` asks of a launcher: the reset observations of tasks without a prompt."""
+    """What ``_converted`` asks of a launcher: the reset observations of tasks without a prompt, and, for an
+    environment with tools only inside an episode, what list_tools answers after each reset."""
 
-    def __init__(self, observation: dict[str, Any]) -> None:
+    def __init__(self, observation: dict[str, Any], tools: dict[int, list[dict[str, Any]]] | None = None) -> None:
         self.observation = observation
+        self.tools = tools or {}
         self.asked: list[dict[str, Any]] = []
 
-    async def reset_observations(self, resets: list[dict[str, Any]], settings: Any) -> list[dict[str, Any]]:
+    async def read_resets(
+        self, resets: list[dict[str, Any]], settings: Any, *, tools: bool
+    ) -> list[tuple[dict[str, Any], list[dict[str, Any]] | None]]:
         self.asked += resets
-        return [self.observation for _ in resets]
+        return [(self.observation, self.tools.get(reset["index"], []) if tools else None) for reset in resets]
 
 
 async def test_prompts_come_from_the_task_then_from_the_reset() -> None:
@@ -38,7 +42,7 @@ async def test_prompts_come_from_the_task_then_from_the_reset() -> None:
         {"id": "c"},
     ]
     resets = Resets({"observation": {"metadata": {"prompt": "From the reset."}}})
-    tasks = await _converted(raw, "train", resets, None)  # type: ignore[arg-type]
+    tasks = await _converted(raw, "train", resets, None, False)  # type: ignore[arg-type]
     assert [task.prompt.user for task in tasks] == ["Add them.", "Add.", "From the reset."]
     assert tasks[1].prompt.system == "Be brief."
     assert resets.asked == [{"split": "train", "index": 2}]  # only the task without a prompt is reset
@@ -47,18 +51,20 @@ async def test_prompts_come_from_the_task_then_from_the_reset() -> None:
 
 async def test_a_prompt_field_names_another_place() -> None:
     raw = [{"question": {"text": "What is the sum?"}}]
-    tasks = await _converted(raw, "test", Resets({}), "/question/text")  # type: ignore[arg-type]
+    tasks = await _converted(raw, "test", Resets({}), "/question/text", False)  # type: ignore[arg-type]
     assert tasks[0].prompt.user == "What is the sum?"
     with pytest.raises(SourceError, match=r"test\[0\]: no prompt at the task's /nope, the reset's /observation/nope"):
-        await _converted(raw, "test", Resets({}), "/nope")  # type: ignore[arg-type]
+        await _converted(raw, "test", Resets({}), "/nope", False)  # type: ignore[arg-type]
 
 
 async def test_ids_are_the_environments_when_usable_and_unique() -> None:
-    own = await _converted([{"id": "x-1", "prompt": "p"}, {"task_id": "x-2", "prompt": "p"}], "s", Resets({}), None)  # type: ignore[arg-type]
+    own = await _converted(
+        [{"id": "x-1", "prompt": "p"}, {"task_id": "x-2", "prompt": "p"}], "s", Resets({}), None, False
+    )  # type: ignore[arg-type]
     assert [task.id for task in own] == ["x-1", "x-2"]
-    clash = await _converted([{"id": "x", "prompt": "p"}, {"id": "x", "prompt": "p"}], "s", Resets({}), None)  # type: ignore[arg-type]
+    clash = await _converted([{"id": "x", "prompt": "p"}, {"id": "x", "prompt": "p"}], "s", Resets({}), None, False)  # type: ignore[arg-type]
     assert [task.id for task in clash] == ["s-0", "s-1"]
-    odd = await _converted([{"id": "has space", "prompt": "p"}], "s", Resets({}), None)  # type: ignore[arg-type]
+    odd = await _converted([{"id": "has space", "prompt": "p"}], "s", Resets({}), None, False)  # type: ignore[arg-type]
     assert [task.id for task in odd] == ["s-0"]
 
 
@@ -68,7 +74,7 @@ async def test_reference_solutions_are_read_in_either_spelling_or_left_out() -> 
         {"prompt": "p", "solution": {"tool_calls": [{"arguments": {}}]}},  # no tool name: not a solution
         {"prompt": "p", "solution": "just do it"},
     ]
-    tasks = await _converted(raw, "s", Resets({}), None)  # type: ignore[arg-type]
+    tasks = await _converted(raw, "s", Resets({}), None, False)  # type: ignore[arg-type]
     assert tasks[0].solution is not None
     assert [(call.name, call.arguments) for call in tasks[0].solution.tool_calls] == [
         ("look", {}),
@@ -92,8 +98,65 @@ async def test_reference_solutions_are_read_in_either_spelling_or_left_out() -> 
     ],
 )
 def test_a_step_is_the_text_the_model_sees(observation: dict[str, Any], text: str, is_error: bool) -> None:
-    result = _observation_result(observation)
+    result = _observation_result(observation, _Tally())
     assert (result.text, result.isError) == (text, is_error)
+
+
+async def test_agent_env_tasks_give_names_as_ids_system_prompts_and_their_own_tools() -> None:
+    """agent-env's Task API: ids like @local/<path>/<name> (not usable), a name that is, a system prompt beside the
+    prompt; its tools exist only after a reset, and differ by task."""
+    raw = [
+        {
+            "id": "@local/quiz/tasks/capital",
+            "name": "capital",
+            "prompt": "Capital of France?",
+            "system_prompt": "Terse.",
+        },
+        {"id": "@local/quiz/tasks/sum", "name": "sum", "prompt": "2 + 2?", "system_prompt": None},
+    ]
+    end_turn = {"name": "end_turn", "description": "End your turn.", "input_schema": {"type": "object"}}
+    bash = {"name": "bash", "description": "Run a command.", "input_schema": {"type": "object"}}
+    resets = Resets(
+        {"observation": {"metadata": {"prompt": "x", "system_prompt": "From the reset."}}},
+        {0: [end_turn], 1: [bash, end_turn]},
+    )
+    tasks = await _converted(raw, "all", resets, None, True)  # type: ignore[arg-type]
+    assert [task.id for task in tasks] == ["capital", "sum"]
+    assert [(task.prompt.user, task.prompt.system) for task in tasks] == [
+        ("Capital of France?", "Terse."),
+        ("2 + 2?", "From the reset."),  # the task gave none; its reset did
+    ]
+    assert [[tool.name for tool in task.tools or []] for task in tasks] == [["end_turn"], ["bash", "end_turn"]]
+    assert resets.asked == [{"split": "all", "index": 0}, {"split": "all", "index": 1}]  # every task, for its tools
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        ({"observation": {"metadata": {"status": "error", "error": "deploy failed"}}, "done": True}, "deploy failed"),
+        ({"observation": {}, "metadata": {"status": "error", "error": "no reward: boom"}}, "no reward: boom"),
+        ({"observation": {"metadata": {"status": "error"}}, "done": True}, "gave no reason"),
+        ({"observation": {"metadata": {"scores": {"v": 1.0}}}, "reward": 1.0, "done": True}, None),
+    ],
+)
+def test_an_observation_that_reports_an_error_is_the_environments_failure(
+    data: dict[str, Any], error: str | None
+) -> None:
+    found = environment_error(data)
+    assert (found is None) == (error is None)
+    assert error is None or error in str(found)
+
+
+def test_a_result_that_opens_the_next_turn_is_its_prompt() -> None:
+    """agent-env's end_turn answers the next turn's prompt (and system prompt) as its result: the model sees the
+    prompt, and the system prompt when the turn changes it."""
+    tally = _Tally(system_prompt="Be brief.")
+    same = _observation_result({"result": {"prompt": "And now in German?", "system_prompt": "Be brief."}}, tally)
+    assert (same.text, same.isError) == ("And now in German?", False)
+    other = _observation_result({"result": {"prompt": "Now explain.", "system_prompt": "Be thorough."}}, tally)
+    assert other.text == "System: Be thorough.\n\nNow explain."
+    odd = _observation_result({"result": {"answer": 42}}, tally)  # a result that is not MCP content: its JSON
+    assert odd.text == '{"answer": 42}'
 
 
 def test_the_environments_reward_is_the_reward_as_it_is() -> None:

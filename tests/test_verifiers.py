@@ -20,6 +20,9 @@ from typing import Any
 import pytest
 
 from .processes import ServerProcess, assert_stopped_cleanly, free_port, gymhost_command, serving
+from .test_agent_env import BUNDLE, agent_env_python
+from .test_agent_env import rows as agent_env_rows
+from .test_agent_env import write as write_agent_env
 from .test_openenv import openenv_server, rows, write
 
 pytestmark = [
@@ -106,5 +109,26 @@ def test_verifiers_plays_a_row_and_gets_the_environments_reward(
     row = next(row for row in rows(folder) if row["task_id"] == "test-0")  # hidden numbers 2 and 5
     steps = [{"name": "look", "arguments": {}}, {"name": "submit", "arguments": {"answer": answer}}]
     trace = vf_eval(server.url, row, {"steps": steps, "final": f"The sum is {answer}."}, tmp_path)
+    assert (trace["ok"], trace["stop_condition"], trace["errors"]) == (True, "agent_completed", []), trace
+    assert trace["rewards"]["nemo_gym"]["score"] == reward
+
+
+@pytest.fixture(scope="module")
+def agent_env_gym(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, Path]]:
+    folder = write_agent_env(str(BUNDLE), tmp_path_factory.mktemp("agent-env"), "--python", agent_env_python())
+    with serving(gymhost_command("serve", str(folder), "--port", "0")) as running:
+        yield running, folder
+    assert_stopped_cleanly(running)
+
+
+@pytest.mark.parametrize(("answer", "reward"), [("Paris.", 1.0), ("Lyon.", 0.0)])
+def test_verifiers_plays_an_agent_env_task_answered_in_the_final_message(
+    agent_env_gym: tuple[ServerProcess, Path], tmp_path: Path, answer: str, reward: float
+) -> None:
+    """The model answers in its last message, as chat models trained through verifiers do, and never calls
+    end_turn: the verify hands that answer to agent-env, whose verifier grades it."""
+    server, folder = agent_env_gym
+    row = agent_env_rows(folder)[("all", "capital")]
+    trace = vf_eval(server.url, row, {"steps": [], "final": answer}, tmp_path)
     assert (trace["ok"], trace["stop_condition"], trace["errors"]) == (True, "agent_completed", []), trace
     assert trace["rewards"]["nemo_gym"]["score"] == reward

@@ -18,7 +18,7 @@ from ._config import DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPT
 from ._exceptions import FolderError
 from ._folder import ServerSpec, load_server_spec
 from ._logging import fastmcp_leaves_logging_alone
-from ._nemo_gym import require_nemo_gym
+from ._nemo_gym import require_nemo_gym, verdicts_carry_mask
 from .middleware.auth import resolve_token
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ def create_app(
         max_json_depth=max_json_depth,
         metrics=metrics,
         ownership={
-            "masked_verdicts": _verdicts_can_be_masked(),
+            "masked_verdicts": verdicts_carry_mask(),
             "metrics": operations.metrics,
             "tracker": operations.tracker,
         },
@@ -127,13 +127,6 @@ def create_app(
             ", ".join(unmapped),
         )
     return app
-
-
-def _verdicts_can_be_masked() -> bool:
-    """Whether this nemo-gym's verify answer has ``mask_sample`` (0.5+; 0.4.0 has only ``reward``)."""
-    from nemo_gym.base_resources_server import BaseVerifyResponse
-
-    return "mask_sample" in BaseVerifyResponse.model_fields
 
 
 def _validate_config(spec: ServerSpec, server_class: type[Any], name: str) -> Any:

@@ -13,7 +13,7 @@ import importlib.util
 
 from ._exceptions import NemoGymNotInstalledError
 
-__all__ = ["GYM_ROUTE_NAMES", "require_nemo_gym"]
+__all__ = ["GYM_ROUTE_NAMES", "require_nemo_gym", "verdicts_carry_mask"]
 
 # Paths a Gym resources server serves itself (nemo-gym 0.4.0 and 0.7.0, liveness and docs included); every other
 # single-segment POST route of a resources server is a tool.
@@ -49,3 +49,12 @@ def require_nemo_gym() -> str:
             raise NemoGymNotInstalledError(module)
     importlib.import_module("nemo_gym")
     return importlib.metadata.version("nemo-gym")
+
+
+def verdicts_carry_mask() -> bool:
+    """Whether this nemo-gym's verify answer has ``mask_sample`` (0.5+). 0.4.0's has only ``reward``, and its clients
+    (verifiers, Gym 0.4.0's own rollout collection) train on the reward of every 200: there a masked verdict must be
+    refused with an HTTP error, never answered as a 0.0 (``_outcomes.refusal_status``)."""
+    from nemo_gym.base_resources_server import BaseVerifyResponse
+
+    return "mask_sample" in BaseVerifyResponse.model_fields

@@ -296,6 +296,13 @@ def serve(
     help="OpenEnv: where tasks keep their prompts, a JSON pointer into the task, then into the reset observation "
     "(default: the task's /prompt, then the observation's /metadata/prompt).",
 )
+@click.option(
+    "--python",
+    default=None,
+    metavar="PATH",
+    help="An agent-env bundle: the Python of a venv with agentenv-framework[openenv], which runs agent-env's OpenEnv "
+    "app for it (default: $GYMHOST_AGENT_ENV_PYTHON).",
+)
 @click.option("--force", is_flag=True, help="Replace the folder if it exists.")
 def write(
     source: str,
@@ -307,12 +314,14 @@ def write(
     instances: str | None,
     mode: str,
     prompt_field: str | None,
+    python: str | None,
     force: bool,
 ) -> None:
     """Write ROOT/resources_servers/<name>/ for the agent environment at SOURCE.
 
-    SOURCE is a bundle folder (env.py and tasks/<split>.jsonl), the URL of a running OpenEnv server (its Task API
-    gives the tasks), or the URL of a running agentenv environment (with --tasks FILE).
+    SOURCE is a bundle folder (gymhost's: env.py and tasks/<split>.jsonl; or agent-env's: tasks/<name>.json step
+    lists, served by its OpenEnv app), the URL of a running OpenEnv server (its Task API gives the tasks), or the
+    URL of a running agentenv environment (with --tasks FILE).
     """
     from .agentenv import write_folder
 
@@ -327,6 +336,7 @@ def write(
             instances=instances,
             mode=mode,
             prompt_field=prompt_field,
+            python=python,
             force=force,
         )
     except GymhostError as error:
@@ -338,22 +348,42 @@ def write(
 
 @main.command()
 @click.argument("folder", type=click.Path(path_type=str))
-def check(folder: str) -> None:
+@click.option(
+    "--solutions",
+    "solutions_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Reference solutions for tasks that carry none: JSON Lines of {task_id, split?, tool_calls, final_text}.",
+)
+@click.option("--allow-unchecked", is_flag=True, help="Pass even when no row has a reference solution to check.")
+def check(folder: str, solutions_file: Path | None, allow_unchecked: bool) -> None:
     """Play every row of a written FOLDER with its reference solution and with an empty attempt.
 
-    Exits non-zero when a reference solution does not score 1.0 or an empty attempt does.
+    Exits non-zero when a reference solution does not score 1.0 or an empty attempt does, and when no row has a
+    reference solution at all (then nothing but the empty attempts was checked), unless --allow-unchecked.
     """
     from ._nemo_gym import require_nemo_gym
 
     try:
         require_nemo_gym()
-        from .agentenv._check import check_folder, format_report
+        from .agentenv._check import check_folder, format_report, load_solutions
 
-        checks = check_folder(folder)
+        checks = check_folder(folder, load_solutions(solutions_file) if solutions_file else None)
     except GymhostError as error:
         raise click.ClickException(str(error)) from None
     click.echo(format_report(checks))
     failed = [c for c in checks if c.problems]
     if failed:
         raise click.ClickException(f"{len(failed)} of {len(checks)} rows failed the check")
-    click.echo(f"all {len(checks)} rows pass: every reference solution scores 1.0 and no empty attempt does")
+    checked = [c for c in checks if c.reference is not None]
+    if not checked and not allow_unchecked:
+        raise click.ClickException(
+            f"none of the {len(checks)} rows has a reference solution: give them with --solutions FILE, or pass "
+            "--allow-unchecked to accept a check of empty attempts only"
+        )
+    if len(checked) == len(checks):
+        click.echo(f"all {len(checks)} rows pass: every reference solution scores 1.0 and no empty attempt does")
+    else:
+        click.echo(
+            f"{len(checked)} of {len(checks)} rows checked against a reference solution, all pass; no empty attempt "
+            "scores 1.0"
+        )

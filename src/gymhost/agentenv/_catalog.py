@@ -17,7 +17,15 @@ from .._nemo_gym import GYM_ROUTE_NAMES as GYM_ROUTES
 from ._exceptions import CatalogError
 from ._tasks import EnvironmentCriterion, ExtensionCriterion, StateCriterion, Task
 
-__all__ = ["GYM_ROUTES", "CatalogError", "card_tools", "check_tasks", "policy_tools", "responses_tool"]
+__all__ = [
+    "GYM_ROUTES",
+    "CatalogError",
+    "card_tools",
+    "check_tasks",
+    "responses_tool",
+    "server_tools",
+    "task_tools",
+]
 
 # What OpenAI-style function names allow, which is also safe as one URL path segment.
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -27,10 +35,30 @@ def card_tools(card: dict[str, Any]) -> list[dict[str, Any]]:
     return [tool for tool in (card.get("capabilities") or {}).get("tools") or [] if isinstance(tool, dict)]
 
 
-def policy_tools(card: dict[str, Any], hidden: Iterable[str]) -> list[dict[str, Any]]:
-    """The card's tools a model may call: all but the hidden ones, each a valid, unclaimed route name."""
-    hidden = set(hidden)
-    tools = [tool for tool in card_tools(card) if tool.get("name") not in hidden]
+def task_tools(task: Task, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tools an episode of ``task`` offers: its own, when its environment has tools only inside an episode, else
+    the environment's (``tools``, its policy tools)."""
+    if task.tools is None:
+        return tools
+    return [tool.model_dump() for tool in task.tools]
+
+
+def server_tools(card: dict[str, Any], hidden: Iterable[str], tasks: Iterable[Task]) -> list[dict[str, Any]]:
+    """Every tool a server routes: the card's policy tools and the tools of every task that carries its own (an
+    environment that lists its tools only inside an episode has none on its card). A call to one of them that the
+    episode's task does not have still reaches the environment, which answers it as the model's error."""
+    tools = {str(tool["name"]): tool for tool in card_tools(card) if tool.get("name") not in set(hidden)}
+    for task in tasks:
+        for tool in task.tools or []:
+            tools.setdefault(tool.name, tool.model_dump())
+    routed = _routable(card, list(tools.values()))
+    if not routed:
+        raise CatalogError(f"environment {card['name']!r} offers no tools a model may call, on its card or in a task")
+    return routed
+
+
+def _routable(card: dict[str, Any], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``tools``, each checked to be a valid Gym route name that Gym does not claim."""
     for tool in tools:
         name = str(tool.get("name"))
         if not _TOOL_NAME.match(name):
@@ -42,8 +70,6 @@ def policy_tools(card: dict[str, Any], hidden: Iterable[str]) -> list[dict[str, 
             raise CatalogError(
                 f"environment {card['name']!r}: tool {name!r} clashes with Gym's own /{name} route; rename the tool"
             )
-    if not tools:
-        raise CatalogError(f"environment {card['name']!r} offers no tools a model may call")
     return tools
 
 
@@ -69,9 +95,10 @@ def check_tasks(
 
     ``tasks`` maps where the tasks came from (a file, a split) to them, for the error messages.
     """
-    allowed, hidden = set(tool_names), set(hidden)
+    offered, hidden = set(tool_names), set(hidden)
     for path, file_tasks in tasks.items():
         for task in file_tasks:
+            allowed = offered if task.tools is None else {tool.name for tool in task.tools}
             for call in task.solution.tool_calls if task.solution else []:
                 if call.name in hidden:
                     raise CatalogError(
@@ -88,6 +115,11 @@ def check_tasks(
                 raise CatalogError(
                     f"{path}: task {task.id!r}: an OpenEnv task is seeded by seed.reset (the data of its reset "
                     "message, e.g. the split and index), not by data parts"
+                )
+            if not openenv and task.tools is not None:
+                raise CatalogError(
+                    f"{path}: task {task.id!r}: tools of its own are for OpenEnv environments whose tools exist only "
+                    f"inside an episode; agentenv environment {card['name']!r} lists its tools on its card"
                 )
             if not openenv and task.seed.reset is not None:
                 raise CatalogError(

@@ -1,7 +1,9 @@
 """``gymhost check``: play every row of a written folder through its server, with the task's reference solution
 and with an empty attempt, and say whether the grading holds up.
 
-A task is sound when its reference solution scores 1.0 (unmasked) and doing nothing does not. The server runs
+A task is sound when its reference solution scores 1.0 (unmasked) and doing nothing does not. The reference is the
+task's own ``solution``, or one given in a solutions file (``--solutions``: JSON Lines of ``{"task_id", "split"?,
+"tool_calls", "final_text"}``, for environments whose tasks carry none, as agent-env's do). The server runs
 in-process (its real app and lifespan, the real environment instances) and every row is played through its HTTP
 endpoints with the same client the demo and tests use.
 """
@@ -21,8 +23,9 @@ from .._config import NO_TOKEN
 from .._episode import EpisodeClient
 from .._lifespan_runner import running_lifespan
 from ._exceptions import CheckError
+from ._tasks import Solution
 
-__all__ = ["RowCheck", "check_folder", "format_report"]
+__all__ = ["RowCheck", "check_folder", "format_report", "load_solutions"]
 
 _BASE_URL = "http://gymhost.check"
 
@@ -51,11 +54,38 @@ class RowCheck:
         return found
 
 
-def check_folder(folder: str | Path) -> list[RowCheck]:
-    return asyncio.run(_check(Path(folder)))
+def check_folder(folder: str | Path, solutions: dict[tuple[str | None, str], Solution] | None = None) -> list[RowCheck]:
+    """Every row checked; ``solutions`` (``load_solutions``) are references for tasks that have none, by (split,
+    task id), a split of None meaning any."""
+    return asyncio.run(_check(Path(folder), solutions or {}))
 
 
-async def _check(folder: Path) -> list[RowCheck]:
+def load_solutions(path: Path) -> dict[tuple[str | None, str], Solution]:
+    """A solutions file: one ``{"task_id", "split"?, "tool_calls"?, "final_text"?}`` per line."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as error:
+        raise CheckError(f"{path}: cannot read the solutions file: {error.strerror or error}") from None
+    found: dict[tuple[str | None, str], Solution] = {}
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+            task_id, split = raw.pop("task_id"), raw.pop("split", None)
+            if not isinstance(task_id, str) or not (split is None or isinstance(split, str)):
+                raise ValueError("task_id (and split) must be strings")
+            found[(split, task_id)] = Solution.model_validate(raw)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            raise CheckError(
+                f"{path}:{number}: not a solution ({{task_id, split?, tool_calls, final_text}}): {error}"
+            ) from None
+    if not found:
+        raise CheckError(f"{path}: no solutions; expected one JSON object per line")
+    return found
+
+
+async def _check(folder: Path, solutions: dict[tuple[str | None, str], Solution]) -> list[RowCheck]:
     from ._server import AgentEnvResourcesServer
 
     app = create_app(folder, token=NO_TOKEN)  # played in-process: no request crosses the network
@@ -75,13 +105,19 @@ async def _check(folder: Path) -> list[RowCheck]:
         runtime = server._running()
         limit = asyncio.Semaphore(runtime.status()["limits"]["min_instances"])  # the instances always up
 
+        known = {(name, task.id) for name, tasks in runtime.tasks.items() for task in tasks}
+        unknown = [key for key in solutions if key not in known and not any(key[1] == t for _, t in known)]
+        if unknown:
+            raise CheckError(f"the solutions name tasks this folder does not have: {', '.join(t for _, t in unknown)}")
+
         async def check_row(split: str, row: dict[str, Any]) -> RowCheck:
-            _, task = runtime.find_task(row.get("split") or split, row["task_id"])
+            split, task = runtime.find_task(row.get("split") or split, row["task_id"])
+            solution = solutions.get((split, task.id)) or solutions.get((None, task.id)) or task.solution
             async with limit:
                 reference = None
-                if task.solution is not None:
-                    calls = [(call.name, call.arguments) for call in task.solution.tool_calls]
-                    reference = await _play(transport, row, calls, task.solution.final_text)
+                if solution is not None:
+                    calls = [(call.name, call.arguments) for call in solution.tool_calls]
+                    reference = await _play(transport, row, calls, solution.final_text)
                 empty = await _play(transport, row, [], "")
             return RowCheck(split, task.id, reference, empty)
 
@@ -127,7 +163,12 @@ def format_report(checks: list[RowCheck]) -> str:
     for check in checks:
         lines += [f"{check.split}:{check.task_id}: {problem}" for problem in check.problems]
     missing = [f"{c.split}:{c.task_id}" for c in checks if c.reference is None]
-    if missing:
+    if len(missing) == len(checks):
+        lines.append(
+            "nothing was checked: no task has a reference solution (give them with --solutions FILE); only that an "
+            "empty attempt does not score 1.0"
+        )
+    elif missing:
         lines.append(f"no reference solution (not checked): {', '.join(missing)}")
     return "\n".join(lines)
 

@@ -33,8 +33,15 @@ Mode = Literal["process", "in_process"]
 #   this is tested on, leaving room for environments heavier than gridsim; past that, seeds wait for releases;
 # - in_process: an idle in-process instance is about 150 KB, so the bound is CPU, not memory: 512.
 # An OpenEnv server's instances are its sessions, which the server bounds (``max_concurrent_envs``, 1 unless its
-# author raised it): one, and seeds beyond it wait for it; say the server's number with --instances.
-DEFAULT_INSTANCES: Final[dict[str, tuple[int, int]]] = {"process": (4, 256), "in_process": (4, 512), "openenv": (1, 1)}
+# author raised it): one, and seeds beyond it wait for it; say the server's number with --instances. agent-env's app
+# for a bundle is started by the written server itself, with ``max_concurrent_envs`` its maximum: agent-env's own
+# default, 8 (every episode runs an agent proxy with a server of its own in that process).
+DEFAULT_INSTANCES: Final[dict[str, tuple[int, int]]] = {
+    "process": (4, 256),
+    "in_process": (4, 512),
+    "openenv": (1, 1),
+    "agent_env": (1, 8),
+}
 
 
 def instance_range(value: int | str | None, mode: str) -> tuple[int, int]:
@@ -61,24 +68,36 @@ class SourceConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["bundle", "urls", "openenv"]
-    path: str | None = Field(default=None, description="bundle: its folder, relative to the server folder")
+    kind: Literal["bundle", "urls", "openenv", "agent_env"]
+    path: str | None = Field(
+        default=None, description="bundle, agent_env: the bundle's folder, relative to the server folder"
+    )
     mode: Mode = Field(
         default="process", description="bundle: one process per instance, or instances inside the server"
     )
     instances: int = Field(
         default=DEFAULT_INSTANCES["process"][0],
         ge=1,
-        description="bundle, openenv: instances always up (the pool's minimum)",
+        description="bundle, openenv, agent_env: instances always up (the pool's minimum)",
     )
     max_instances: int | None = Field(
         default=None,
         ge=1,
-        description="bundle, openenv: the most instances (= concurrent episodes); unset: a fixed pool",
+        description="bundle, openenv, agent_env: the most instances (= concurrent episodes); unset: a fixed pool",
     )
     urls: list[str] = Field(
         default_factory=list,
         description="urls: one base URL per independent instance; openenv: the one URL of the OpenEnv server",
+    )
+    python: str | None = Field(
+        default=None,
+        description="agent_env: the Python of a venv with agentenv-framework[openenv], which runs agent-env's OpenEnv "
+        "app for the bundle",
+    )
+    reply_tool: str | None = Field(
+        default=None,
+        description="openenv, agent_env: the tool that ends the model's turn with its reply (agent-env's end_turn), "
+        "which a verify calls with the final assistant text while the turn is open; unset: none",
     )
 
     @model_validator(mode="after")

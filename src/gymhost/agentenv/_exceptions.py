@@ -20,6 +20,7 @@ __all__ = [
     "DataPlaneError",
     "EnvAtCapacityError",
     "EnvDroppedError",
+    "EnvFailedError",
     "EnvTimeoutError",
     "EnvUnavailableError",
     "EpisodeStateError",
@@ -91,6 +92,16 @@ class EnvAtCapacityError(EnvUnavailableError):
 
 class DataPlaneError(GymhostError):
     """The instance answered a data-plane call (or the card) with an error."""
+
+
+class EnvFailedError(DataPlaneError):
+    """The environment ended the episode with a failure of its own: an OpenEnv observation whose ``metadata.status``
+    is ``"error"`` (agent-env's deploy, run or reward failed), or an episode it ended without any reward. ``kind``
+    names it (``_outcomes``); none is the environment's error."""
+
+    def __init__(self, message: str, *, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class MalformedReplyError(DataPlaneError):

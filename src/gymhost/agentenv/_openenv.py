@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 from agentenv_protocol import ToolResult
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from ._config import PoolSettings
@@ -35,6 +35,7 @@ from ._exceptions import (
     DataPlaneError,
     EnvAtCapacityError,
     EnvDroppedError,
+    EnvFailedError,
     EnvTimeoutError,
     EnvUnavailableError,
     MalformedReplyError,
@@ -43,6 +44,7 @@ from ._exceptions import (
 from ._grading import Outcome, evaluate
 from ._interfaces import ToolSession
 from ._launchers import Instance
+from ._outcomes import NO_REWARD
 from ._tasks import Task
 
 __all__ = ["PROTOCOL", "OpenEnvClient", "OpenEnvLauncher", "TaskApi", "openenv_card"]
@@ -52,6 +54,9 @@ PROTOCOL = "openenv"  # what a card made here says it speaks (``_catalog.check_t
 _MAX_FRAME_BYTES = 100 * 2**20
 _CAPACITY_RETRY_S = (0.02, 0.05, 0.1, 0.2, 0.5)  # then every 0.5 s, until the load's limit
 _CLOSE_TIMEOUT_S = 5.0
+# A verify ends the open turn with the final text, then every turn the environment opens after it with no reply; an
+# environment still opening turns after this many is not ending the episode.
+_MAX_TURNS_AT_VERIFY = 64
 
 
 def openenv_card(environment: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
@@ -80,9 +85,10 @@ def openenv_card(environment: str, tools: list[dict[str, Any]]) -> dict[str, Any
 class TaskApi:
     """An OpenEnv server's Task API, which ``gymhost write`` reads the environment's splits and tasks from."""
 
-    def __init__(self, base_url: str, *, timeout: float) -> None:
+    def __init__(self, base_url: str, *, timeout: float, uds: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout)
+        transport = httpx.AsyncHTTPTransport(uds=uds) if uds is not None else None
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, transport=transport)
 
     async def environments(self) -> list[str] | None:
         """The environments the server names, or None when it has no Task API (it is not an OpenEnv server);
@@ -140,18 +146,30 @@ class TaskApi:
 
 
 @dataclass
-class _Episode:
-    """What one session has given so far: the rewards of its reset and steps, and whether it said done."""
+class _Tally:
+    """What one session has given so far: the rewards of its reset and steps, whether it said done, and the system
+    prompt of its current turn (the model is told when a later turn changes it)."""
 
     rewards: list[float] = field(default_factory=list)
     steps: int = 0
     done: bool = False
+    system_prompt: str | None = None
 
     def add(self, data: dict[str, Any]) -> None:
         reward = data.get("reward")
         if isinstance(reward, bool | int | float):
             self.rewards.append(float(reward))
         self.done = self.done or bool(data.get("done"))
+
+
+def environment_error(data: dict[str, Any]) -> str | None:
+    """The environment's own error, when an observation says the episode cannot go on (``metadata.status`` is
+    ``"error"``, as agent-env answers a deploy, a run or a reward that failed): its ``metadata.error`` text."""
+    observation = data.get("observation")
+    for metadata in (data.get("metadata"), observation.get("metadata") if isinstance(observation, dict) else None):
+        if isinstance(metadata, dict) and metadata.get("status") == "error":
+            return str(metadata.get("error") or "the environment reported an error and gave no reason")
+    return None
 
 
 class _Session:
@@ -223,7 +241,8 @@ class OpenEnvClient:
         self._settings = settings
         self.base_url = launcher.url
         self._session: _Session | None = None
-        self._episode = _Episode()
+        self._tally = _Tally()
+        self._tool_timeout = settings.data_timeout_s
 
     async def card(self) -> dict[str, Any]:
         return await self._launcher.card(self._settings)
@@ -234,24 +253,37 @@ class OpenEnvClient:
     async def reset(self) -> None:
         """End the episode's session, if it has one: the pool's reset on release."""
         session, self._session = self._session, None
-        self._episode = _Episode()
+        self._tally = _Tally()
         if session is not None:
             await session.close()
 
     async def load(self, task: Task) -> None:
         """Open the episode's session and reset it to the task (its ``seed.reset``: split and index)."""
         await self.reset()
-        self._session = await self._launcher.open_session(task.seed.reset or {}, self._settings, self._episode)
+        self._session = await self._launcher.open_session(task.seed.reset or {}, self._settings, self._tally)
 
     def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> ToolSession:
+        self._tool_timeout = timeout
         return _Tools(self, timeout)
 
     async def grade(self, card: dict[str, Any], task: Task, final_text: str) -> Outcome:
-        episode = self._episode
-        total = sum(episode.rewards)
+        """The environment's reward. A turn still open is ended first with the final assistant text, as the reply
+        tool (agent-env's ``end_turn``) would have been called with it; turns the environment opens after it, which
+        the model never reached, are ended with no reply, the model's loss. An episode that ended with no reward at
+        all, or with an error, is not graded: it raises, and the episode is masked."""
+        tally = self._tally
+        reply_tool = self._launcher.reply_tool
+        if not tally.done and reply_tool is not None and reply_tool in _tool_names(task, card):
+            await self._end_turns(reply_tool, final_text)
+        if tally.done and not tally.rewards:
+            raise EnvFailedError(
+                f"{self.base_url}: the environment ended the episode without a reward (every step's was null)",
+                kind=NO_REWARD,
+            )
+        total = sum(tally.rewards)
         detail = (
-            f"the environment's reward: {total:g}, the sum of {len(episode.rewards)} reward(s) over "
-            f"{episode.steps} step(s){'; it said done' if episode.done else '; it had not said done'}"
+            f"the environment's reward: {total:g}, the sum of {len(tally.rewards)} reward(s) over "
+            f"{tally.steps} step(s){'; it said done' if tally.done else '; it had not said done'}"
         )
         return evaluate(
             task.grading, state=None, extension_scores={}, final_text=final_text, environment=(total, detail)
@@ -259,19 +291,19 @@ class OpenEnvClient:
 
     async def get(self) -> list[dict[str, Any]]:
         """The episode so far, as a data part (the pool view's ``data``)."""
-        episode = self._episode
+        tally = self._tally
         session = self._session is not None and not self._session.closed
-        data = {"session_open": session, "steps": episode.steps, "rewards": episode.rewards, "done": episode.done}
+        data = {"session_open": session, "steps": tally.steps, "rewards": tally.rewards, "done": tally.done}
         return [{"type": "data", "data": data}]
 
     async def aclose(self) -> None:
         await self.reset()
 
     async def step(self, name: str, arguments: dict[str, Any], timeout: float) -> ToolResult:
-        session, episode = self._session, self._episode
+        session, tally = self._session, self._tally
         if session is None:
             raise EnvDroppedError(f"{self.base_url}: no session open for this episode")
-        if episode.done:
+        if tally.done:
             return _text_result("the episode has ended: the environment said done; no more tool calls", error=True)
         message = {"type": "step", "data": {"type": "call_tool", "tool_name": name, "arguments": arguments}}
         reply = await session.request(message, timeout, f"call_tool {name}")
@@ -283,9 +315,30 @@ class OpenEnvClient:
             raise DataPlaneError(f"{self.base_url}: call_tool {name} failed: {text} ({code})")
         if reply.get("type") != "observation":
             raise MalformedReplyError(f"{self.base_url}: call_tool {name}: a reply of type {reply.get('type')!r}")
-        episode.steps += 1
-        episode.add(data)
-        return _observation_result(data.get("observation"))
+        tally.steps += 1
+        tally.add(data)
+        if (error := environment_error(data)) is not None:
+            raise EnvFailedError(f"{self.base_url}: call_tool {name}: the environment ended the episode: {error}")
+        return _observation_result(data.get("observation"), tally)
+
+    async def _end_turns(self, reply_tool: str, final_text: str) -> None:
+        reply = final_text
+        for _ in range(_MAX_TURNS_AT_VERIFY):
+            result = await self.step(reply_tool, {"response": reply}, self._tool_timeout)
+            if result.isError:
+                raise EnvFailedError(f"{self.base_url}: ending the turn with {reply_tool} failed: {result.text}")
+            if self._tally.done:
+                return
+            reply = ""  # a turn the model never reached: it answered nothing
+        raise EnvFailedError(
+            f"{self.base_url}: the environment opened {_MAX_TURNS_AT_VERIFY} more turns after the episode's verify"
+        )
+
+
+def _tool_names(task: Task, card: dict[str, Any]) -> set[str]:
+    if task.tools is not None:
+        return {tool.name for tool in task.tools}
+    return {str(tool.get("name")) for tool in (card.get("capabilities") or {}).get("tools") or []}
 
 
 class _Tools:
@@ -308,9 +361,11 @@ class _Tools:
         pass  # the session is the episode's: the pool's reset closes it
 
 
-def _observation_result(observation: Any) -> ToolResult:
+def _observation_result(observation: Any, tally: _Tally) -> ToolResult:
     """A ``call_tool`` observation as the text the model sees: the tool's text content (its structured content as
-    JSON when it has no text), or the environment's error message, as an error."""
+    JSON when it has no text), or the environment's error message, as an error. A result that opens the next turn
+    (agent-env's ``end_turn`` answers ``{"prompt", "system_prompt"}``) is that turn's prompt, with its system prompt
+    first when the turn changes it."""
     if not isinstance(observation, dict):
         return _text_result(json.dumps(observation))
     error = observation.get("error")
@@ -319,6 +374,11 @@ def _observation_result(observation: Any) -> ToolResult:
     result = observation.get("result")
     if not isinstance(result, dict):
         return _text_result("" if result is None else json.dumps(result))
+    if "content" not in result and isinstance(result.get("prompt"), str):
+        system = result.get("system_prompt")
+        changed = isinstance(system, str) and system and system != tally.system_prompt
+        tally.system_prompt = system if isinstance(system, str) else tally.system_prompt
+        return _text_result(f"System: {system}\n\n{result['prompt']}" if changed else result["prompt"])
     texts = [
         block["text"]
         for block in result.get("content") or []
@@ -327,6 +387,8 @@ def _observation_result(observation: Any) -> ToolResult:
     text = "\n".join(str(t) for t in texts)
     if not texts and result.get("structured_content") is not None:
         text = json.dumps(result["structured_content"])
+    elif not texts and "content" not in result:
+        text = json.dumps(result)
     return _text_result(text, error=bool(result.get("is_error")))
 
 
@@ -341,13 +403,19 @@ class OpenEnvLauncher:
     """Sessions on one OpenEnv server (``_launchers.Launcher``). Its instances are gymhost's own bookkeeping, so the
     pool makes and replaces them freely; the server's ``max_concurrent_envs`` is what bounds them, and a written
     config's ``max_instances`` should not exceed it (a session over it is refused for capacity, retried for up to
-    ``lease_timeout_s``, then masked ``provider_unavailable``)."""
+    ``lease_timeout_s``, then masked ``provider_unavailable``).
+
+    ``reply_tool`` is the tool that ends the model's turn with its reply (agent-env's ``end_turn``), which a verify
+    calls with the final assistant text when the turn is still open; ``uds`` the Unix socket the server listens on,
+    when it is not reached over TCP."""
 
     restarts = True
 
-    def __init__(self, url: str, environment: str) -> None:
+    def __init__(self, url: str, environment: str, *, reply_tool: str | None = None, uds: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.environment = environment
+        self.reply_tool = reply_tool
+        self.uds = uds
         self.description = f"OpenEnv environment {environment!r} at {self.url}"
         self._ws_url = "ws" + self.url.removeprefix("http") + "/ws"
         self._card: dict[str, Any] | None = None
@@ -366,43 +434,62 @@ class OpenEnvLauncher:
         pass
 
     async def card(self, settings: PoolSettings) -> dict[str, Any]:
-        """The environment's tools, read once over a session of its own."""
+        """The environment's tools, read once over a session of its own. An environment whose tools exist only
+        inside an episode (agent-env's) answers none, or an error, before a reset: its card has no tools, and its
+        tasks carry theirs (``read_resets``)."""
         async with self._card_lock:
             if self._card is None:
                 session, reply = await self._open(
                     {"type": "step", "data": {"type": "list_tools"}}, "list_tools", settings
                 )
                 await session.close()
-                observation = reply["data"].get("observation") if reply.get("type") == "observation" else None
-                tools = observation.get("tools") if isinstance(observation, dict) else None
-                if not isinstance(tools, list):
-                    raise MalformedReplyError(f"{self.url}: list_tools answered no tools: {json.dumps(reply)[:200]}")
-                self._card = openenv_card(self.environment, tools)
+                self._card = openenv_card(self.environment, _listed_tools(reply, self.url) or [])
             return self._card
 
-    async def open_session(self, reset: dict[str, Any], settings: PoolSettings, episode: _Episode) -> _Session:
-        """A new session, reset with ``reset`` (the data of the reset message), whose reward ``episode`` counts."""
+    async def open_session(self, reset: dict[str, Any], settings: PoolSettings, tally: _Tally) -> _Session:
+        """A new session, reset with ``reset`` (the data of the reset message), whose rewards ``tally`` counts. A
+        reset the environment answers with an error of its own (agent-env's deploy failed, say) raises
+        ``EnvFailedError``."""
         session, reply = await self._open({"type": "reset", "data": reset}, f"reset {json.dumps(reset)}", settings)
-        episode.add(reply["data"])
+        data = reply["data"]
+        if (error := environment_error(data)) is not None:
+            await session.close()
+            raise EnvFailedError(f"{self.url}: reset {json.dumps(reset)}: the environment could not start it: {error}")
+        tally.add(data)
+        metadata = data.get("observation", {}).get("metadata") if isinstance(data.get("observation"), dict) else None
+        if isinstance(metadata, dict) and isinstance(metadata.get("system_prompt"), str):
+            tally.system_prompt = metadata["system_prompt"]
         return session
 
-    async def reset_observations(self, resets: list[dict[str, Any]], settings: PoolSettings) -> list[dict[str, Any]]:
-        """What each reset answers (its ``data``), over one session: where ``gymhost write`` finds the prompts of
-        tasks that do not carry theirs."""
+    async def read_resets(
+        self, resets: list[dict[str, Any]], settings: PoolSettings, *, tools: bool
+    ) -> list[tuple[dict[str, Any], list[dict[str, Any]] | None]]:
+        """What each reset answers (its ``data``) and, with ``tools``, what ``list_tools`` answers right after it,
+        over one session: where ``gymhost write`` finds the prompts of tasks that do not carry theirs, and the tools
+        of an environment that has them only inside an episode."""
         if not resets:
             return []
         session, reply = await self._open(
             {"type": "reset", "data": resets[0]}, f"reset {json.dumps(resets[0])}", settings
         )
-        answers = [reply["data"]]
+        answers = []
         try:
-            for reset in resets[1:]:
-                reply = await session.request(
-                    {"type": "reset", "data": reset}, settings.data_timeout_s, f"reset {json.dumps(reset)}"
-                )
+            for number, reset in enumerate(resets):
+                what = f"reset {json.dumps(reset)}"
+                if number:
+                    reply = await session.request({"type": "reset", "data": reset}, settings.data_timeout_s, what)
                 if reply.get("type") != "observation":
-                    raise DataPlaneError(f"{self.url}: reset {json.dumps(reset)} failed: {json.dumps(reply)[:300]}")
-                answers.append(reply["data"])
+                    raise DataPlaneError(f"{self.url}: {what} failed: {json.dumps(reply)[:300]}")
+                if (error := environment_error(reply["data"])) is not None:
+                    raise EnvFailedError(f"{self.url}: {what}: the environment could not start it: {error}")
+                listed = None
+                if tools:
+                    message = {"type": "step", "data": {"type": "list_tools"}}
+                    answer = await session.request(message, settings.data_timeout_s, f"list_tools after {what}")
+                    listed = _listed_tools(answer, self.url)
+                    if listed is None:
+                        raise MalformedReplyError(f"{self.url}: list_tools after {what}: {json.dumps(answer)[:300]}")
+                answers.append((reply["data"], listed))
         finally:
             await session.close()
         return answers
@@ -443,14 +530,16 @@ class OpenEnvLauncher:
             await asyncio.sleep(pause)
 
     async def _connect(self, timeout: float) -> _Session:
+        options: dict[str, Any] = {
+            "max_size": _MAX_FRAME_BYTES,
+            "open_timeout": timeout,
+            "close_timeout": _CLOSE_TIMEOUT_S,
+        }
         try:
-            connection = await connect(
-                self._ws_url,
-                max_size=_MAX_FRAME_BYTES,
-                open_timeout=timeout,
-                proxy=None,
-                close_timeout=_CLOSE_TIMEOUT_S,
-            )
+            if self.uds is not None:
+                connection = await unix_connect(self.uds, self._ws_url, **options)
+            else:
+                connection = await connect(self._ws_url, proxy=None, **options)
         except TimeoutError:
             raise EnvTimeoutError(f"{self._ws_url}: no session opened in {timeout:g}s") from None
         except InvalidHandshake as error:
@@ -458,3 +547,18 @@ class OpenEnvLauncher:
         except OSError as error:
             raise EnvUnavailableError(f"{self._ws_url}: {error}") from None
         return _Session(connection, self._ws_url)
+
+
+def _listed_tools(reply: dict[str, Any], url: str) -> list[dict[str, Any]] | None:
+    """The tools a ``list_tools`` observation lists; none (``[]``) when it answers that the environment has none
+    before a reset, None when it is no ``list_tools`` answer at all."""
+    if reply.get("type") != "observation":
+        return None
+    data = reply["data"]
+    observation = data.get("observation")
+    tools = observation.get("tools") if isinstance(observation, dict) else None
+    if isinstance(tools, list):
+        return [tool for tool in tools if isinstance(tool, dict)]
+    if environment_error(data) is not None or data.get("done"):
+        return []
+    raise MalformedReplyError(f"{url}: list_tools answered no tools: {json.dumps(reply)[:200]}")

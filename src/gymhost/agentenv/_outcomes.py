@@ -16,6 +16,7 @@ from ._exceptions import (
     DataPlaneError,
     EnvAtCapacityError,
     EnvDroppedError,
+    EnvFailedError,
     EnvTimeoutError,
     EnvUnavailableError,
     MalformedReplyError,
@@ -27,9 +28,11 @@ from ._grading import CriterionResult
 __all__ = [
     "CANCELLED",
     "DATA_PLANE_ERROR",
+    "ENVIRONMENT_ERROR",
     "INTERNAL_ERROR",
     "MALFORMED_REPLY",
     "NO_INSTANCE",
+    "NO_REWARD",
     "PEER_DROP",
     "SESSION_EXPIRED",
     "SESSION_LOST",
@@ -41,6 +44,7 @@ __all__ = [
     "Verdict",
     "breaks_instance",
     "classify",
+    "refusal_status",
 ]
 
 NO_INSTANCE = "provider_unavailable"
@@ -55,6 +59,10 @@ SHUTDOWN = "shutdown"
 DATA_PLANE_ERROR = "agentenv:data_plane_error"
 MALFORMED_REPLY = "agentenv:malformed_reply"
 INTERNAL_ERROR = "agentenv:internal_error"
+# An OpenEnv environment's own failures: an episode it ended with an error (agent-env: a deploy, a verifier or a
+# reward that failed), and one it ended without giving any reward. Neither says how the model did.
+ENVIRONMENT_ERROR = "openenv:environment_error"
+NO_REWARD = "openenv:no_reward"
 # Failures that say the instance itself is broken: it is replaced (a bundle) or probed (a URL) before reuse.
 _BREAKS_INSTANCE = frozenset({UNREACHABLE, PEER_DROP, TIMEOUT, SESSION_LOST, MALFORMED_REPLY})
 
@@ -77,6 +85,20 @@ class Verdict:
         return cls(task_id, 0.0, [], failure)
 
 
+# Where a verify answer cannot carry ``mask_sample`` (nemo-gym 0.4.0), a masked verdict is an HTTP error whose
+# status says what was lost: the episode itself (410, as Gym's session routing answers a session whose owner is gone),
+# the service for now (503), or the environment behind it (502).
+_GONE = frozenset({SESSION_LOST, SESSION_EXPIRED, CANCELLED})
+_UNAVAILABLE = frozenset({NO_INSTANCE, SHUTDOWN})
+
+
+def refusal_status(failure: Failure) -> int:
+    """The status of a masked verdict refused rather than answered (``_nemo_gym.verdicts_carry_mask``)."""
+    if failure.kind in _GONE:
+        return 410
+    return 503 if failure.kind in _UNAVAILABLE else 502
+
+
 def breaks_instance(failure: Failure | None) -> bool:
     """Whether an episode that ended with ``failure`` leaves its instance unfit to serve another one."""
     return failure is not None and failure.kind in _BREAKS_INSTANCE
@@ -93,6 +115,8 @@ def classify(error: BaseException, *, stage: str) -> Failure:
         return Failure(PEER_DROP, reason)
     if isinstance(error, EnvUnavailableError | httpx.TransportError):
         return Failure(UNREACHABLE, reason)
+    if isinstance(error, EnvFailedError):
+        return Failure(error.kind or ENVIRONMENT_ERROR, reason)
     if isinstance(error, MalformedReplyError):
         return Failure(MALFORMED_REPLY, reason)
     if isinstance(error, McpSessionError):

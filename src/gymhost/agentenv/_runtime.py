@@ -18,7 +18,7 @@ from collections.abc import Coroutine, Hashable
 from typing import Any, TypeVar
 
 from .._metrics import EpisodeMetrics
-from ._catalog import check_tasks, policy_tools
+from ._catalog import card_tools, check_tasks, server_tools
 from ._config import EpisodeSettings
 from ._episode import Episode, Reply, episode_ended, log_fields
 from ._exceptions import EpisodeStateError, SessionConflictError, StartupError, UnknownTaskError
@@ -78,12 +78,13 @@ class Runtime:
                 raise StartupError(
                     f"the environment is {card['name']!r}, but this server was written for {self.environment!r}"
                 )
-            self.tools = policy_tools(card, self.pool.hidden_tools)
+            hidden = self.pool.hidden_tools
+            self.tools = server_tools(card, hidden, (task for tasks in self.tasks.values() for task in tasks))
             check_tasks(
                 {f"task split {split!r}": tasks for split, tasks in self.tasks.items()},
                 card,
-                [tool["name"] for tool in self.tools],
-                self.pool.hidden_tools,
+                [str(tool["name"]) for tool in card_tools(card) if tool.get("name") not in hidden],
+                hidden,
             )
         except BaseException:
             await self.pool.stop()

@@ -11,6 +11,7 @@ agents use, and nemo-gym 0.7.0's ``resources_session_id`` flow, where the caller
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,11 +25,13 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from .._exceptions import FolderError
 from .._lifespan import wrap_lifespan
+from .._nemo_gym import verdicts_carry_mask
+from ._agent_env import AgentEnvLauncher
 from ._config import EpisodeFields, EpisodeSettings, PoolFields, PoolSettings, SourceConfig
 from ._exceptions import EpisodeStateError, SessionConflictError, UnknownTaskError
 from ._launchers import ENTRY, InProcessLauncher, Launcher, UrlLauncher
 from ._openenv import OpenEnvLauncher
-from ._outcomes import Verdict
+from ._outcomes import Verdict, refusal_status
 from ._pool import Pool
 from ._processes import BundleLauncher
 from ._runtime import Runtime
@@ -38,6 +41,7 @@ __all__ = ["AgentEnvResourcesServer", "AgentEnvResourcesServerConfig"]
 
 # nemo-gym 0.5+ has the Environment Server session contract; 0.4.0 knows only the cookie flow.
 _RESOURCES_FLOW = hasattr(gym, "ResourcesSeedSessionRequest")
+_MASKABLE = verdicts_carry_mask()
 
 
 class AgentEnvResourcesServerConfig(gym.BaseResourcesServerConfig, PoolFields, EpisodeFields):  # type: ignore[misc]
@@ -175,8 +179,17 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
                     mode="json", include=set(_ANSWER_FIELDS)
                 )
             return JSONResponse(detail, status_code=409)
+        answer = _verify_response(body, verdict)
+        if verdict.failure is not None and not _MASKABLE:
+            # nemo-gym 0.4.0's clients train on the reward of every 200: a masked verdict is refused instead.
+            detail = {
+                "detail": f"no reward: the episode was masked ({verdict.failure.kind}): {verdict.failure.reason}",
+                "failure_kind": verdict.failure.kind,
+                "verdict": answer.model_dump(mode="json", include=set(_ANSWER_FIELDS)),
+            }
+            return JSONResponse(detail, status_code=refusal_status(verdict.failure))
         # pydantic writes what JSON cannot carry (an infinite float the row brought) as null; json.dumps would raise.
-        return Response(_verify_response(body, verdict).model_dump_json(), media_type="application/json")
+        return Response(answer.model_dump_json(), media_type="application/json")
 
     async def close_resources_session(self, request: Request, body: CloseBody) -> Response:
         if _RESOURCES_FLOW and isinstance(body, gym.ResourcesCloseSessionRequest):
@@ -294,10 +307,35 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             if source.mode == "in_process":
                 return InProcessLauncher(bundle)
             return BundleLauncher(bundle)
+        if source.kind == "agent_env":
+            if not source.path or not source.python:
+                raise FolderError(
+                    f"{type(self).__name__}: source.kind is agent_env; it needs source.path and source.python"
+                )
+            python = shutil.which(source.python)
+            if python is None:
+                raise FolderError(
+                    f"{type(self).__name__}: source.python {source.python!r} is no Python here: name the Python of a "
+                    "venv with agentenv-framework[openenv] (--set source.python=PATH)"
+                )
+            expected = {
+                (str(task.seed.reset.get("split")), int(task.seed.reset.get("index", -1))): task.id
+                for tasks in self._tasks.values()
+                for task in tasks
+                if task.seed.reset is not None
+            }
+            return AgentEnvLauncher(
+                self._path(source.path, "bundle"),
+                python,
+                self.config.environment,
+                sessions=source.bounds()[1],
+                reply_tool=source.reply_tool,
+                expected=expected,
+            )
         if source.kind == "openenv":
             if len(source.urls) != 1:
                 raise FolderError(f"{type(self).__name__}: source.kind is openenv; source.urls needs its one URL")
-            return OpenEnvLauncher(source.urls[0], self.config.environment)
+            return OpenEnvLauncher(source.urls[0], self.config.environment, reply_tool=source.reply_tool)
         if not source.urls:
             raise FolderError(f"{type(self).__name__}: source.kind is urls but source.urls is empty")
         return UrlLauncher(source.urls)

@@ -1,5 +1,6 @@
-"""What ``gymhost write`` writes from: a bundle folder, the URL of an OpenEnv server, or the URLs of running
-agentenv environment instances.
+"""What ``gymhost write`` writes from: a bundle folder (gymhost's: an agentenv-protocol ``env.py`` with gymhost task
+files), an agent-env bundle folder (agent-env's own format, served by its OpenEnv app), the URL of an OpenEnv server,
+or the URLs of running agentenv environment instances.
 
 Either way the card comes from a live environment (a bundle is started once, on loopback, to ask it; an OpenEnv
 server is asked for its tools over a session), so what is written is what the server will find when it starts: the
@@ -15,10 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ._catalog import check_tasks, policy_tools
+from ._agent_env import agent_env_python, is_agent_env_bundle, running_app
+from ._catalog import card_tools, check_tasks, server_tools
 from ._config import PoolSettings
 from ._env_client import EnvClient
-from ._exceptions import DataPlaneError, EnvUnavailableError, SourceError
+from ._exceptions import DataPlaneError, EnvUnavailableError, SourceError, StartupError
 from ._launchers import ENTRY
 from ._openenv import OpenEnvLauncher, TaskApi
 from ._openenv_tasks import openenv_tasks
@@ -26,18 +28,22 @@ from ._pool import Pool
 from ._processes import BundleLauncher
 from ._tasks import Task, load_task_folder, load_tasks
 
-__all__ = ["Source", "inspect_source"]
+__all__ = ["Source", "inspect_source", "reply_tool"]
+
+_END_TURN = "end_turn"
 
 
 @dataclass
 class Source:
-    kind: Literal["bundle", "urls", "openenv"]
+    kind: Literal["bundle", "urls", "openenv", "agent_env"]
     card: dict[str, Any]
     tools: list[dict[str, Any]]
     tasks: dict[str, list[Task]]
     task_files: dict[str, Path]
     bundle: Path | None = None
     urls: list[str] = field(default_factory=list)
+    reply_tool: str | None = None  # OpenEnv: the tool that ends the model's turn with its reply (agent-env's end_turn)
+    python: str | None = None  # an agent-env bundle: the interpreter that runs agent-env's app
 
     @property
     def environment(self) -> str:
@@ -51,8 +57,12 @@ async def inspect_source(
     tasks_file: Path | None = None,
     split: str | None = None,
     prompt_field: str | None = None,
+    python: str | None = None,
 ) -> Source:
-    """Resolve SOURCE, validate its tasks, and read its card from a live instance."""
+    """Resolve SOURCE, validate its tasks, and read its card from a live instance. ``python`` runs an agent-env
+    bundle's app (``_agent_env.agent_env_python``)."""
+    if python is not None and (source.startswith(("http://", "https://")) or (Path(source) / ENTRY).is_file()):
+        raise SourceError(f"{source}: --python runs agent-env's app for an agent-env bundle; this is not one")
     if source.startswith(("http://", "https://")):
         api = TaskApi(source, timeout=PoolSettings().data_timeout_s)
         try:
@@ -82,7 +92,10 @@ async def inspect_source(
         raise SourceError("--url adds instances to an environment URL source; a bundle starts its own instances")
     if tasks_file is not None:
         raise SourceError(f"{source}: --tasks is for URL sources; a bundle's tasks are in its tasks/ folder")
-    return await _inspect_bundle(Path(source), split)
+    folder = Path(source)
+    if folder.is_dir() and not (folder / ENTRY).is_file() and is_agent_env_bundle(folder):
+        return await _inspect_agent_env(folder.resolve(), split, agent_env_python(python))
+    return await _inspect_bundle(folder, split)
 
 
 async def _inspect_bundle(folder: Path, split: str | None) -> Source:
@@ -90,7 +103,10 @@ async def _inspect_bundle(folder: Path, split: str | None) -> Source:
         raise SourceError(f"{folder}: not an http(s) URL and no such folder; expected a bundle or an environment URL")
     bundle = folder.resolve()
     if not (bundle / ENTRY).is_file():
-        raise SourceError(f"{bundle}: no {ENTRY}; a bundle holds one AgentEnvEnvironment subclass in {ENTRY}")
+        raise SourceError(
+            f"{bundle}: no {ENTRY}; a bundle holds one AgentEnvEnvironment subclass in {ENTRY} (gymhost's format), "
+            "or tasks/<name>.json step lists (agent-env's)"
+        )
     tasks = load_task_folder(bundle / "tasks")
     files = {name: bundle / "tasks" / f"{name}.jsonl" for name in tasks}
     if split is not None:
@@ -123,15 +139,40 @@ async def _inspect_urls(urls: list[str], tasks_file: Path, split: str | None) ->
     return _checked(Source("urls", cards[0], [], tasks, files, urls=[c.base_url for c in clients]), hidden)
 
 
+async def _inspect_agent_env(bundle: Path, split: str | None, python: str) -> Source:
+    """agent-env's app for the bundle, started for the write, read as an OpenEnv server is."""
+    settings = PoolSettings()
+    try:
+        async with running_app(bundle, python, settings) as app:
+            api = TaskApi(app.url, timeout=settings.data_timeout_s, uds=app.socket)
+            try:
+                environments = await api.environments()
+                if environments is None:
+                    raise SourceError(f"{bundle}: agent-env's app for it serves no OpenEnv Task API")
+                source = await _inspect_openenv(api, environments, None, split, None, uds=app.socket)
+            finally:
+                await api.aclose()
+    except StartupError as error:
+        raise SourceError(str(error)) from None
+    source.kind, source.bundle, source.python, source.urls = "agent_env", bundle, python, []
+    return source
+
+
 async def _inspect_openenv(
-    api: TaskApi, environments: list[str], tasks_file: Path | None, split: str | None, prompt_field: str | None
+    api: TaskApi,
+    environments: list[str],
+    tasks_file: Path | None,
+    split: str | None,
+    prompt_field: str | None,
+    *,
+    uds: str | None = None,
 ) -> Source:
     if len(environments) != 1:
         raise SourceError(
             f"{api.base_url}: serves {len(environments)} environments ({', '.join(environments)}); "
             "gymhost writes a server for one"
         )
-    launcher = OpenEnvLauncher(api.base_url, environments[0])
+    launcher = OpenEnvLauncher(api.base_url, environments[0], uds=uds)
     try:
         card = await launcher.card(PoolSettings())
     except (EnvUnavailableError, DataPlaneError) as error:
@@ -142,20 +183,32 @@ async def _inspect_openenv(
         tasks = {split or tasks_file.stem: load_tasks(tasks_file)}
         files = {name: tasks_file.resolve() for name in tasks}
     else:
+        own_tools = not card_tools(card)  # its tools exist only inside an episode: each task's are read after its reset
         try:
-            tasks = await openenv_tasks(api, launcher, split, prompt_field)
+            tasks = await openenv_tasks(api, launcher, split, prompt_field, own_tools=own_tools)
         except (EnvUnavailableError, DataPlaneError) as error:
-            raise SourceError(f"{api.base_url}: reading the prompts from the tasks' resets failed: {error}") from None
+            raise SourceError(f"{api.base_url}: reading the tasks' resets failed: {error}") from None
         files = {}
-    return _checked(Source("openenv", card, [], tasks, files, urls=[api.base_url]), set())
+    source = _checked(Source("openenv", card, [], tasks, files, urls=[api.base_url]), set())
+    source.reply_tool = reply_tool(source.tools)
+    return source
+
+
+def reply_tool(tools: list[dict[str, Any]]) -> str | None:
+    """agent-env's ``end_turn`` (a tool of that name taking a ``response``), when the environment has it: the turn a
+    model answers in its final message instead is ended with that message at verify."""
+    for tool in tools:
+        if tool.get("name") == _END_TURN and "response" in ((tool.get("inputSchema") or {}).get("properties") or {}):
+            return _END_TURN
+    return None
 
 
 def _checked(source: Source, hidden: set[str]) -> Source:
-    source.tools = policy_tools(source.card, hidden)
+    source.tools = server_tools(source.card, hidden, (task for tasks in source.tasks.values() for task in tasks))
     check_tasks(
         {str(source.task_files.get(name, f"task split {name!r}")): tasks for name, tasks in source.tasks.items()},
         source.card,
-        [tool["name"] for tool in source.tools],
+        [str(tool["name"]) for tool in card_tools(source.card) if tool.get("name") not in hidden],
         hidden,
     )
     return source

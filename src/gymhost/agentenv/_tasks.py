@@ -30,6 +30,7 @@ __all__ = [
     "StateCriterion",
     "Task",
     "TaskError",
+    "TaskTool",
     "ToolCall",
     "load_task_folder",
     "load_tasks",
@@ -172,6 +173,14 @@ class Solution(_Strict):
     final_text: str = ""
 
 
+class TaskTool(_Strict):
+    """A tool a task's episode offers, as the environment lists it (``list_tools``)."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    inputSchema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})  # the card's spelling
+
+
 class Task(_Strict):
     """One task of an agent environment."""
 
@@ -180,6 +189,11 @@ class Task(_Strict):
     seed: Seed = Field(default_factory=Seed)
     grading: Grading
     solution: Solution | None = None
+    tools: list[TaskTool] | None = Field(
+        default=None,
+        description="OpenEnv environments whose tools exist only inside an episode: the tools this task's episode "
+        "offers, as list_tools answers after its reset. Unset: the environment's own tools, the same for every task.",
+    )
 
 
 def load_tasks(path: Path) -> list[Task]:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._catalog import responses_tool
+from ._catalog import responses_tool, task_tools
 from ._config import SourceConfig, instance_range, written_settings
 from ._exceptions import WriteError
 from ._source import Source, inspect_source
@@ -52,10 +52,12 @@ def write_folder(
     instances: int | str | None = None,
     mode: str = SourceConfig.model_fields["mode"].default,
     prompt_field: str | None = None,
+    python: str | None = None,
     force: bool = False,
 ) -> WrittenFolder:
-    """Write ``root/resources_servers/<name>/`` for the environment at ``source``: a bundle folder, the URL of an
-    OpenEnv server, or the URL of an agentenv environment (with ``tasks_file``).
+    """Write ``root/resources_servers/<name>/`` for the environment at ``source``: a bundle folder (gymhost's, or
+    agent-env's, whose app ``python`` runs), the URL of an OpenEnv server, or the URL of an agentenv environment
+    (with ``tasks_file``).
 
     ``instances`` (a bundle's or an OpenEnv server's): ``K`` for a fixed pool of K, ``"MIN:MAX"`` for a pool that
     grows on demand and shrinks when idle, None for the default (``DEFAULT_INSTANCES``). ``prompt_field``: where an
@@ -80,6 +82,7 @@ def write_folder(
             instances=instances,
             mode=mode,
             prompt_field=prompt_field,
+            python=python,
             force=force,
         )
     )
@@ -96,6 +99,7 @@ async def awrite_folder(
     instances: int | str | None = None,
     mode: str = SourceConfig.model_fields["mode"].default,
     prompt_field: str | None = None,
+    python: str | None = None,
     force: bool = False,
 ) -> WrittenFolder:
     """``write_folder`` for async code: the environment is started and asked for its card on the caller's loop."""
@@ -114,9 +118,10 @@ async def awrite_folder(
         tasks_file=Path(tasks_file) if tasks_file else None,
         split=split,
         prompt_field=prompt_field,
+        python=python,
     )
-    if inspected.kind == "openenv":
-        bounds = instance_range(instances, "openenv")
+    if inspected.kind in ("openenv", "agent_env"):
+        bounds = instance_range(instances, inspected.kind)
     name = name or _default_name(inspected)
     target = Path(root).resolve() / "resources_servers" / name
     if target.exists() and not force:
@@ -153,10 +158,14 @@ def _default_name(source: Source) -> str:
 def _write_contents(folder: Path, name: str, source: Source, instances: tuple[int, int], mode: str) -> dict[str, int]:
     (folder / "configs").mkdir()
     (folder / "data").mkdir()
-    if source.bundle is not None:
+    if source.kind == "bundle":
+        assert source.bundle is not None
         shutil.copytree(source.bundle, folder / "bundle", ignore=_IGNORED)
         tasks_path = "bundle/tasks"
     else:
+        if source.kind == "agent_env":  # under its own name, which is agent-env's name for the environment
+            assert source.bundle is not None
+            shutil.copytree(source.bundle, folder / "bundle" / source.bundle.name, ignore=_IGNORED)
         (folder / "tasks").mkdir()
         for split, tasks in source.tasks.items():
             target = folder / "tasks" / f"{split}.jsonl"
@@ -186,7 +195,7 @@ def _row(task: Task, split: str, tools: list[dict[str, Any]], agent: str) -> dic
     messages = [{"role": "system", "content": task.prompt.system}] if task.prompt.system else []
     messages.append({"role": "user", "content": task.prompt.user})
     return {
-        "responses_create_params": {"input": messages, "tools": [responses_tool(tool) for tool in tools]},
+        "responses_create_params": {"input": messages, "tools": [responses_tool(t) for t in task_tools(task, tools)]},
         "agent_ref": {"type": "responses_api_agents", "name": agent},
         "task_id": task.id,
         "split": split,
@@ -223,16 +232,25 @@ def _config_yaml(
     name: str, source: Source, instances: tuple[int, int], mode: str, tasks_path: str, rows: dict[str, int]
 ) -> str:
     q = json.dumps  # a JSON string is a valid YAML scalar
-    if source.bundle is not None:
+    if source.kind == "bundle":
         source_block = f"""        kind: bundle
         path: bundle
         mode: {mode}
         instances: {instances[0]}  # always up
         max_instances: {instances[1]}  # the most at once: started on demand, stopped after instance_idle_s free"""
+    elif source.kind == "agent_env":
+        assert source.bundle is not None
+        source_block = f"""        kind: agent_env
+        path: {q(f"bundle/{source.bundle.name}")}
+        python: {q(source.python)}  # a venv with agentenv-framework[openenv]: it runs agent-env's OpenEnv app
+        instances: {instances[0]}  # sessions the pool keeps the right to (a session opens when an episode starts)
+        max_instances: {instances[1]}  # the most episodes at once: the app's max_concurrent_envs
+        reply_tool: {q(source.reply_tool)}  # a verify ends the model's open turn with its final text through it"""
     elif source.kind == "openenv":
         source_block = f"""        kind: openenv
         urls:
         - {q(source.urls[0])}
+        reply_tool: {q(source.reply_tool)}  # a verify ends the model's open turn with its final text through it
         instances: {instances[0]}  # sessions the pool keeps the right to (a session opens when an episode starts)
         max_instances: {instances[1]}  # the most episodes at once: at most the OpenEnv server's max_concurrent_envs"""
     else:
@@ -304,7 +322,7 @@ def _yaml_scalar(value: Any) -> str:
 
 
 def _protocol(source: Source) -> str:
-    return "OpenEnv" if source.kind == "openenv" else "agentenv"
+    return {"openenv": "OpenEnv", "agent_env": "agent-env"}.get(source.kind, "agentenv")
 
 
 def _dataset_type(split: str) -> str:
@@ -313,7 +331,8 @@ def _dataset_type(split: str) -> str:
 
 def _requirements(source: Source) -> str:
     lines = [_gymhost_requirement(), "agentenv-framework-protocol>=0.1.379,<0.2"]
-    if source.bundle is not None and (source.bundle / "requirements.txt").is_file():
+    # An agent-env bundle's own requirements are its app's venv's (source.python), never the server's.
+    if source.kind == "bundle" and source.bundle is not None and (source.bundle / "requirements.txt").is_file():
         lines += [
             line.strip()
             for line in (source.bundle / "requirements.txt").read_text().splitlines()
@@ -323,6 +342,15 @@ def _requirements(source: Source) -> str:
 
 
 def _what_it_does(source: Source) -> str:
+    if source.kind == "agent_env":
+        return """The server runs agent-env's own OpenEnv app for the bundle in `bundle/` for as long as it lives, with
+the Python `source.python` names (a venv with `agentenv-framework[openenv]`; `--set source.python=...` at serve time
+names another), on a private Unix socket. Each episode is one of its sessions: `/seed_session` resets it to the row's
+task, whose turn the model plays; each tool route (`POST /<tool>`) is a call of the turn's tools (a tool the turn does
+not have answers 400 with agent-env's message), `end_turn` hands the model's reply back (the next turn's prompt, or
+the end); `/verify` ends a turn still open with the response's final assistant text, ends any later turn with no
+reply, and answers agent-env's reward. An episode agent-env could not run (a deploy, a verifier or a reward that
+failed) is a masked sample, never a 0.0."""
     if source.kind == "openenv":
         return """Each episode is one OpenEnv session: `/seed_session` opens a WebSocket to the server's `/ws` and
 resets it to the row's split and index (`tasks/<split>.jsonl`, `seed.reset`); each tool route (`POST /<tool>`) is a
@@ -355,7 +383,7 @@ def _gymhost_requirement() -> str:
 
 def _readme(name: str, source: Source, rows: dict[str, int]) -> str:
     origin = (
-        f"the bundle in `bundle/` (copied from `{source.bundle}`)"
+        f"the {_protocol(source)} bundle in `bundle/` (copied from `{source.bundle}`)"
         if source.bundle
         else f"the {_protocol(source)} server at " + ", ".join(f"`{url}`" for url in source.urls)
     )
