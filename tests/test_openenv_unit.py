@@ -10,13 +10,24 @@ import pytest
 
 from gymhost.agentenv import CatalogError, SourceError, Task
 from gymhost.agentenv._catalog import check_tasks
+from gymhost.agentenv._config import PoolSettings
+from gymhost.agentenv._exceptions import EnvFailedError
 from gymhost.agentenv._grading import evaluate
-from gymhost.agentenv._openenv import _observation_result, _Tally, environment_error, openenv_card
+from gymhost.agentenv._openenv import (
+    OpenEnvClient,
+    OpenEnvLauncher,
+    _observation_result,
+    _Tally,
+    environment_error,
+    openenv_card,
+)
 from gymhost.agentenv._openenv_tasks import _converted
+from gymhost.agentenv._outcomes import classify
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
 CARD = openenv_card("sums", [{"name": "look", "description": "", "input_schema": {"type": "object"}}])
+CARD_WITH_END_TURN = openenv_card("quiz", [{"name": "end_turn", "input_schema": {"type": "object"}}])
 
 
 class Resets:
@@ -157,6 +168,86 @@ def test_a_result_that_opens_the_next_turn_is_its_prompt() -> None:
     assert other.text == "System: Be thorough.\n\nNow explain."
     odd = _observation_result({"result": {"answer": 42}}, tally)  # a result that is not MCP content: its JSON
     assert odd.text == '{"answer": 42}'
+
+
+class Frames:
+    """A session that answers each request with the next frame given."""
+
+    def __init__(self, *frames: dict[str, Any]) -> None:
+        self.frames = list(frames)
+        self.closed = False
+
+    async def request(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+        return self.frames.pop(0)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+def client_with(*frames: dict[str, Any], reply_tool: str | None = None) -> OpenEnvClient:
+    client = OpenEnvClient(OpenEnvLauncher("http://x", "quiz", reply_tool=reply_tool), PoolSettings())
+    client._session = Frames(*frames)  # type: ignore[assignment]
+    return client
+
+
+def observation(**data: Any) -> dict[str, Any]:
+    return {"type": "observation", "data": {"observation": {}, "reward": None, "done": False, **data}}
+
+
+@pytest.mark.parametrize(
+    ("frame", "kind"),
+    [
+        (
+            observation(done=True, metadata={"status": "error", "error": "TimeoutError: A2A task"}),
+            "openenv:environment_error",
+        ),
+        (
+            observation(observation={"error": {"error_type": "transport_error", "message": "502 Bad Gateway"}}),
+            "transport_unreachable",
+        ),
+    ],
+)
+async def test_a_step_the_environment_could_not_serve_masks_the_episode(frame: dict[str, Any], kind: str) -> None:
+    """An error observation (agent-env's run failed, its turn timed out) or a tool the environment could not reach is
+    the infrastructure's failure: the call raises, and the episode is masked with that kind."""
+    with pytest.raises(EnvFailedError) as failed:
+        await client_with(frame).step("add", {}, 1.0)
+    assert classify(failed.value, stage="tool add").kind == kind
+
+
+async def test_a_tool_error_of_the_models_own_is_text_it_sees() -> None:
+    frame = observation(observation={"error": {"error_type": "tool_not_found", "message": "offers no tool 'x'"}})
+    result = await client_with(frame).step("x", {}, 1.0)
+    assert (result.text, result.isError) == ("offers no tool 'x'", True)
+
+
+async def test_verify_ends_the_open_turn_with_the_final_text_and_later_turns_with_none() -> None:
+    """The reply tool is called with the final text, then with no reply for each turn the model never reached; the
+    environment's reward of the last is the reward."""
+    frames = [
+        observation(observation={"result": {"prompt": "Second turn."}}),
+        observation(reward=0.0, done=True, metadata={"scores": {"check": 0.0}}),
+    ]
+    client = client_with(*frames, reply_tool="end_turn")
+    sent: list[dict[str, Any]] = []
+    original = client._session.request  # type: ignore[union-attr]
+
+    async def request(message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
+        sent.append(message["data"]["arguments"])
+        return await original(message, timeout, what)
+
+    client._session.request = request  # type: ignore[union-attr, method-assign]
+    outcome = await client.grade(CARD_WITH_END_TURN, openenv_task(), "First answer.")
+    assert sent == [{"response": "First answer."}, {"response": ""}]
+    assert (outcome.reward, client._tally.done) == (0.0, True)
+
+
+async def test_an_episode_ended_without_any_reward_is_not_graded() -> None:
+    client = client_with(observation(done=True))
+    await client.step("submit", {}, 1.0)
+    with pytest.raises(EnvFailedError) as failed:
+        await client.grade(CARD, openenv_task(), "")
+    assert classify(failed.value, stage="grading").kind == "openenv:no_reward"
 
 
 def test_the_environments_reward_is_the_reward_as_it_is() -> None:

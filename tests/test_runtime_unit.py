@@ -64,12 +64,15 @@ class FakeClient:
     def __init__(self) -> None:
         self.count = 0
         self.add_gate: Gate | None = None
+        self.add_error: Exception | None = None
         self.tool_gate: Gate | None = None
         self.tool_error: Exception | None = None
 
     async def load(self, task: Task) -> None:
         if self.add_gate is not None:
             await self.add_gate.pass_through()
+        if self.add_error is not None:
+            raise self.add_error
         self.count = task.seed.parts[0].data["start"]  # type: ignore[union-attr]
 
     async def grade(self, card: dict[str, Any], task: Task, final_text: str) -> Outcome:
@@ -105,7 +108,10 @@ class FakePool:
     async def stop(self) -> None:
         self.stopped = True
 
-    async def lease(self) -> FakeInstance:
+    def lease_deadline(self) -> float:
+        return asyncio.get_running_loop().time() + 30.0
+
+    async def lease(self, deadline: float | None = None) -> FakeInstance:
         if not self.free:
             raise PoolExhaustedError("no instance free")
         return self.free.pop(0)
@@ -230,6 +236,26 @@ async def test_an_instance_that_drops_a_call_masks_the_episode_and_the_pool_hear
     assert verdict.failure.kind == "transport_peer_drop"
     assert verdict.reward == 0.0
     assert pool.releases == [(0, "transport_peer_drop")]  # broken: the pool keeps it out of rotation
+    await episodes.stop()
+
+
+async def test_an_instance_that_dies_while_it_is_seeded_costs_no_episode() -> None:
+    """No tool call has been answered yet: the seed takes another instance, and the broken one goes to be replaced.
+    A failure that does not break the instance (the environment refused the task) is not retried."""
+    pool = FakePool(size=3)
+    pool.instances[0].client.add_error = EnvDroppedError("the connection dropped mid-call")
+    episodes = await runtime(pool)
+    seeded = await episodes.seed("s1", None, TASK.id)
+    assert seeded.failure is None
+    assert (await episodes.call_tool("s1", "increment", {"by": 2})).status == 200
+    assert (await episodes.verify("s1", "")).reward == 1.0
+    assert pool.releases == [(0, "transport_peer_drop"), (1, None)]
+    assert episodes.counters["seeds_moved"] == 1
+    pool.instances[2].client.add_error = RuntimeError("the environment refused the task")  # the next one free
+    refused = await episodes.seed("s2", None, TASK.id)
+    assert refused.failure is not None
+    assert refused.failure.kind == "agentenv:internal_error"
+    assert pool.releases[-1] == (2, "agentenv:internal_error")
     await episodes.stop()
 
 

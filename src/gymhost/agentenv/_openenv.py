@@ -44,7 +44,7 @@ from ._exceptions import (
 from ._grading import Outcome, evaluate
 from ._interfaces import ToolSession
 from ._launchers import Instance
-from ._outcomes import NO_REWARD
+from ._outcomes import NO_REWARD, UNREACHABLE
 from ._tasks import Task
 
 __all__ = ["PROTOCOL", "OpenEnvClient", "OpenEnvLauncher", "TaskApi", "openenv_card"]
@@ -57,6 +57,7 @@ _CLOSE_TIMEOUT_S = 5.0
 # A verify ends the open turn with the final text, then every turn the environment opens after it with no reply; an
 # environment still opening turns after this many is not ending the episode.
 _MAX_TURNS_AT_VERIFY = 64
+_TRANSPORT_ERROR = "transport_error"  # openenv's ToolErrorType for a tool call that could not reach its server
 
 
 def openenv_card(environment: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
@@ -319,7 +320,15 @@ class OpenEnvClient:
         tally.add(data)
         if (error := environment_error(data)) is not None:
             raise EnvFailedError(f"{self.base_url}: call_tool {name}: the environment ended the episode: {error}")
-        return _observation_result(data.get("observation"), tally)
+        observation = data.get("observation")
+        failed = observation.get("error") if isinstance(observation, dict) else None
+        if isinstance(failed, dict) and failed.get("error_type") == _TRANSPORT_ERROR:
+            # The environment could not reach the server behind the tool: not the model's to answer for.
+            raise EnvFailedError(
+                f"{self.base_url}: call_tool {name}: the environment could not reach the tool: {failed.get('message')}",
+                kind=UNREACHABLE,
+            )
+        return _observation_result(observation, tally)
 
     async def _end_turns(self, reply_tool: str, final_text: str) -> None:
         reply = final_text

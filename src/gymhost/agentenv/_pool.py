@@ -118,15 +118,18 @@ class Pool:
 
     # -- leasing ------------------------------------------------------------------------------------------------
 
-    async def lease(self) -> Instance:
+    def lease_deadline(self) -> float:
+        return asyncio.get_running_loop().time() + self.settings.lease_timeout_s
+
+    async def lease(self, deadline: float | None = None) -> Instance:
         """An instance that is reset and answering, waiting up to ``lease_timeout_s`` for one (started on demand, up
-        to the maximum): the backpressure a full pool puts on seeds.
+        to the maximum), or until ``deadline`` (``lease_deadline``): the backpressure a full pool puts on seeds.
 
         One that does not answer its reset (it died between a check and the lease) is replaced and the lease takes
         another, so a fault between episodes costs no episode. An instance that answers the reset with something
         else than success is released as that failure says, and the error raised.
         """
-        deadline = asyncio.get_running_loop().time() + self.settings.lease_timeout_s
+        deadline = self.lease_deadline() if deadline is None else deadline
         while True:
             instance = await self._take(deadline)
             try:

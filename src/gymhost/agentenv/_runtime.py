@@ -24,7 +24,7 @@ from ._episode import Episode, Reply, episode_ended, log_fields
 from ._exceptions import EpisodeStateError, SessionConflictError, StartupError, UnknownTaskError
 from ._interfaces import InstancePool
 from ._memory import Memory
-from ._outcomes import CANCELLED, SESSION_EXPIRED, SHUTDOWN, TIMEOUT, Failure, Verdict, classify
+from ._outcomes import CANCELLED, SESSION_EXPIRED, SHUTDOWN, TIMEOUT, Failure, Verdict, breaks_instance, classify
 from ._tasks import Task
 
 __all__ = ["Episode", "Reply", "Runtime"]
@@ -34,6 +34,7 @@ logger = logging.getLogger("gymhost.agentenv")
 T = TypeVar("T")
 
 _SETTLE_MARGIN_S = 1.0  # past a call's own limit (which ends it), how long an ending episode waits for it
+_SEED_ATTEMPTS = 3  # instances a seed tries when the ones it was given die while it is seeded
 
 
 class Runtime:
@@ -62,7 +63,9 @@ class Runtime:
         self._work: set[asyncio.Task[Any]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self._stopping = False
-        self.counters = dict.fromkeys(("seeded", "seed_failed", "verified", "masked", "expired", "closed"), 0)
+        self.counters = dict.fromkeys(
+            ("seeded", "seed_failed", "seeds_moved", "verified", "masked", "expired", "closed"), 0
+        )
 
     @property
     def card(self) -> dict[str, Any]:
@@ -229,16 +232,7 @@ class Runtime:
     async def _seed(self, episode: Episode) -> Episode:
         async with episode.lock:
             try:
-                began = time.perf_counter()
-                try:
-                    episode.instance = await self.pool.lease()
-                finally:
-                    self.metrics.seed_waited(time.perf_counter() - began)
-                client = episode.instance.client
-                await client.load(episode.task)
-                episode.tools = await client.tool_session(
-                    self.card, role=self.settings.role, timeout=self.settings.tool_timeout_s
-                ).open()
+                await self._lease_and_load(episode)
             except Exception as error:
                 episode.failure = classify(error, stage="seed")
                 logger.warning(
@@ -254,6 +248,40 @@ class Runtime:
                 episode.failure = Failure(CANCELLED, "the session was closed while its episode was being seeded")
             episode.last_used = time.monotonic()
         return episode
+
+    async def _lease_and_load(self, episode: Episode) -> None:
+        """Lease an instance and load the task on it. An instance that dies or drops while it is being seeded (a
+        failure that breaks it) costs nothing yet, since no tool call has been answered: it is replaced and the seed
+        takes another, within the lease's own time limit."""
+        began = time.perf_counter()
+        deadline = self.pool.lease_deadline()
+        for attempt in range(1, _SEED_ATTEMPTS + 1):
+            try:
+                episode.instance = await self.pool.lease(deadline)
+            finally:
+                if attempt == 1:
+                    self.metrics.seed_waited(time.perf_counter() - began)
+            client = episode.instance.client
+            try:
+                await client.load(episode.task)
+                episode.tools = await client.tool_session(
+                    self.card, role=self.settings.role, timeout=self.settings.tool_timeout_s
+                ).open()
+                return
+            except Exception as error:
+                failure = classify(error, stage="seed")
+                left = deadline - asyncio.get_running_loop().time()
+                if not breaks_instance(failure) or attempt == _SEED_ATTEMPTS or left <= 0:
+                    raise
+                logger.warning(
+                    "seeding task %r: instance %s failed (%s); seeding it on another",
+                    episode.task.id,
+                    episode.instance.index,
+                    failure.reason,
+                    extra=log_fields(episode),
+                )
+                self.counters["seeds_moved"] += 1
+                await self._release_instance(episode, failure)
 
     def _seed_failed(self, episode: Episode) -> None:
         """An episode whose seed failed has ended, holding nothing: it is not open (a drain does not wait for it, the
@@ -355,9 +383,12 @@ class Runtime:
         await self._release(episode)
 
     async def _release(self, episode: Episode) -> None:
+        await self._release_instance(episode, episode.failure)
+
+    async def _release_instance(self, episode: Episode, failure: Failure | None) -> None:
         instance, episode.instance = episode.instance, None
         if instance is not None:
-            await self.pool.release(instance, episode.failure)
+            await self.pool.release(instance, failure)
 
     async def _reap_idle(self) -> None:
         """The one sweeper: end episodes nobody touched for ``idle_timeout_s`` (a trainer that gave up mid-episode,
