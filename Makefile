@@ -27,7 +27,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test lint typecheck test-unit test-gym04 test-gym07 test-soak test-cluster test-verifiers demo schema bench bench-quick clean check-pythons
+.PHONY: test lint typecheck test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick clean check-pythons
 
 check-pythons:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -79,15 +79,22 @@ test-unit: .venv/.installed
 	.venv/bin/pytest -m unit
 
 test-gym04: .venv-gym04/.installed .venv-openenv/.installed .venv-agentenv/.installed
-	$(OPENENV) $(AGENTENV) .venv-gym04/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers"
+	$(OPENENV) $(AGENTENV) .venv-gym04/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers and not replay"
 
 test-gym07: .venv-gym07/.installed .venv-openenv/.installed .venv-agentenv/.installed
-	$(OPENENV) $(AGENTENV) .venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers"
+	$(OPENENV) $(AGENTENV) .venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers and not replay"
 
 # The verifiers tier: the real trainer client (vf-eval, NeMo Gym taskset) against gymhost, on nemo-gym 0.4.0 (the
 # version verifiers pins).
 test-verifiers: .venv-gym04/.installed .venv-openenv/.installed .venv-agentenv/.installed .venv-verifiers/.installed
 	$(OPENENV) $(AGENTENV) GYMHOST_VERIFIERS_BIN=$(CURDIR)/.venv-verifiers/bin .venv-gym04/bin/pytest -m verifiers
+
+# The replay tier: Gym's own recorded rollouts of every published folder that plays offline, replayed through
+# gymhost and held to the recorded rewards, on each nemo-gym version; folders whose requirements these venvs lack are
+# served from venvs of their own, built with uv.
+test-replay: .venv-gym04/.installed .venv-gym07/.installed
+	.venv-gym04/bin/pytest -m replay
+	.venv-gym07/bin/pytest -m replay
 
 # The soak tier: many episodes with injected faults, bounded in time and count; once, on the current nemo-gym.
 test-soak: .venv-gym07/.installed
@@ -100,7 +107,7 @@ test-cluster: .venv-gym07/.installed
 	@command -v ip >/dev/null || { apt-get update -q >/dev/null; apt-get install -y -q iproute2 >/dev/null; }
 	.venv-gym07/bin/pytest -m cluster
 
-test: lint typecheck test-unit test-gym04 test-gym07 test-soak test-cluster test-verifiers
+test: lint typecheck test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers
 
 # The task format's JSON Schema is generated from its models; a unit test keeps the committed file current.
 schema: .venv/.installed

@@ -3,11 +3,17 @@
 This is the app-building half of Gym's ``SimpleServer.run_webserver``, in the same order, without its process
 side effects: no Ray, no head server, no ``uvicorn.run``, no ulimit or stdout patching, no telemetry. What is
 left is a FastAPI app that any ASGI server can run and any router can mount: its session cookie is scoped to its
-mount and signed with a real secret, and Gym's function middlewares are pure ASGI (``_gym_middleware``).
+mount and signed with a real secret, and Gym's function middlewares are pure ASGI (``middleware``).
+
+Gym's launcher starts every server in its own folder (``cd <folder> && python app.py``), and servers open files
+relative to it (``prompt_templates/judge.txt``) as they are built; so the server is imported and built with the
+folder as the working directory, which is restored once the app is built. A server that opens such a path later, in
+a request, needs the process itself in its folder: ``gymhost serve FOLDER`` and ``asgi.py`` put it there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -69,6 +75,24 @@ def create_app(
     """
     version = require_nemo_gym()
     required = resolve_token(token)
+    name = overrides.pop("name", None)
+    spec = load_server_spec(folder, config_key=config_key, overrides=overrides)
+    if spec.env_yaml is not None:  # its values are secrets as often as not: only its keys are said
+        logger.info("%s: read %s (%s)", spec.folder.name, spec.env_yaml, ", ".join(sorted(spec.env_values or {})))
+    with contextlib.chdir(spec.folder):  # as Gym's launcher runs it: relative paths are the folder's
+        return _build(spec, name, server_urls, required, max_body_bytes, max_json_depth, metrics, version)
+
+
+def _build(
+    spec: ServerSpec,
+    name: str | None,
+    server_urls: Mapping[str, str] | None,
+    required: str | None,
+    max_body_bytes: int,
+    max_json_depth: int,
+    metrics: bool,
+    version: str,
+) -> FastAPI:
     from ._entrypoint import find_server_class, import_entrypoint
     from ._mcp_tokens import secret_mcp_tokens, signing_mcp_tokens_with_secret
     from ._operating import operate
@@ -76,15 +100,13 @@ def create_app(
     from ._validation_errors import install_validation_errors
     from .middleware.stack import install_middleware
 
-    name = overrides.pop("name", None)
-    spec = load_server_spec(folder, config_key=config_key, overrides=overrides)
     server_class = find_server_class(spec, import_entrypoint(spec))
     urls = dict(server_urls or {})
 
     config = _validate_config(spec, server_class, name or spec.config_key)
     global_config = seed_global_config(spec, config, urls)
     try:
-        server = server_class(config=config, server_client=build_server_client(urls))
+        server = server_class(config=config, server_client=build_server_client(spec, config, urls))
     except Exception as error:
         raise FolderError(f"{spec.where()}: building {server_class.__name__} failed: {error!r}") from error
 
@@ -114,6 +136,7 @@ def create_app(
             "masked_verdicts": verdicts_carry_mask(),
             "metrics": operations.metrics,
             "tracker": operations.tracker,
+            "gymnasium": _plays_gymnasium(app),
         },
     )
     install_validation_errors(app)
@@ -127,6 +150,15 @@ def create_app(
             ", ".join(unmapped),
         )
     return app
+
+
+def _plays_gymnasium(app: Any) -> bool:
+    """A Gymnasium-style server (nemo-gym 0.7.0's ``GymnasiumServer``): episodes are a ``/reset`` and ``/step``s, with
+    no seed or verify."""
+    paths = {
+        getattr(route, "path", None) for route in app.router.routes if "POST" in (getattr(route, "methods", None) or ())
+    }
+    return {"/reset", "/step"} <= paths and "/seed_session" not in paths
 
 
 def _validate_config(spec: ServerSpec, server_class: type[Any], name: str) -> Any:

@@ -17,6 +17,7 @@ __all__ = [
     "DEFAULT_MAX_JSON_DEPTH",
     "FOLDER_ENV_VAR",
     "NO_TOKEN",
+    "PARENT_PID_ENV_VAR",
     "REPLICA_ENV_VAR",
     "SECRET_ENV_VAR",
     "SERVERS",
@@ -34,6 +35,7 @@ TOKEN_ENV_VAR: Final = "GYMHOST_TOKEN"
 REPLICA_ENV_VAR: Final = "GYMHOST_REPLICA_ID"
 SECRET_ENV_VAR: Final = "GYMHOST_SECRET"
 FOLDER_ENV_VAR: Final = "GYMHOST_FOLDER"
+PARENT_PID_ENV_VAR: Final = "GYMHOST_PARENT_PID"  # a gymhost process another one started dies with it
 
 ServerName = Literal["uvicorn", "hypercorn"]
 SERVERS: Final[tuple[ServerName, ...]] = ("uvicorn", "hypercorn")
@@ -69,3 +71,5 @@ class ServeConfig:
     # terminationGracePeriodSeconds above drain_timeout + graceful_timeout (deploy/ uses 160).
     drain_timeout: int = 120
     log_format: Literal["text", "json"] = "text"
+    # The path prefix a proxy in front serves the app under (a gateway's process mount): uvicorn's root_path.
+    root_path: str = ""

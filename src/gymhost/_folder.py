@@ -4,10 +4,18 @@ A Gym config never names the server class; it names a top-level instance key who
 ``resources_servers.<implementation>`` block carries an ``entrypoint``. That key becomes the server's runtime
 ``name`` (so ``example_session_state_mgmt``'s cookie is named after ``example_session_state_mgmt_resources_server``,
 not the folder). This module reproduces that lookup and nothing else: no import of the server, no network.
+
+The values a Gym deployment keeps out of its configs (``policy_base_url``, judge URLs and keys) live in ``env.yaml``,
+whose top-level keys Gym's launcher merges into the root of the config, above the config files and below the
+command line; the configs' interpolations (``${policy_base_url}``) resolve against that root. The same file is read
+here, found where Gym looks for it (``NEMO_GYM_EXTRA_ROOTS``, then the working directory, then nemo-gym's install
+root), and also in the Gym root the folder sits in, where ``gym env start`` is run from.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,9 +23,11 @@ from typing import Any
 
 from ._exceptions import FolderError
 
-__all__ = ["ServerSpec", "load_server_spec"]
+__all__ = ["ENV_YAML", "ServerSpec", "find_env_yaml", "load_server_spec"]
 
 _RESOURCES_SERVERS = "resources_servers"
+ENV_YAML = "env.yaml"
+_EXTRA_ROOTS_ENV_VAR = "NEMO_GYM_EXTRA_ROOTS"  # nemo-gym's own variable: os.pathsep-separated search roots
 
 
 @dataclass(frozen=True)
@@ -29,6 +39,9 @@ class ServerSpec:
     config_key: str
     implementation: str
     block: dict[str, Any]
+    env_yaml: Path | None = None  # the env.yaml merged into the config, if one was found
+    env_values: dict[str, Any] | None = None  # its top-level keys, for Gym's process-wide config
+    config: dict[str, Any] | None = None  # the whole config the block is in, env.yaml's keys merged, unresolved
 
     @property
     def entrypoint(self) -> Path:
@@ -47,11 +60,14 @@ def load_server_spec(
 ) -> ServerSpec:
     """Locate the resources-server block of ``folder`` and resolve it.
 
-    ``overrides`` are merged into the block before interpolations are resolved, so a value a Gym deployment
-    would supply from ``env.yaml`` (``${judge_api_key}``) can be supplied here instead.
+    ``env.yaml`` (``find_env_yaml``) is merged into the config's root, as Gym's launcher merges it, and ``overrides``
+    into the block, above both, before interpolations are resolved: a value a deployment keeps in ``env.yaml``
+    (``${judge_api_key}``) can also be given here.
     """
     root = _existing_folder(folder)
     configs = _config_files(root)
+    env_yaml = find_env_yaml(root)
+    env_values = _env_values(env_yaml) if env_yaml is not None else None
     missing_entrypoint: list[str] = []
     for config_file in configs:
         config = _load_yaml(config_file)
@@ -61,8 +77,11 @@ def load_server_spec(
         if not candidates:
             continue
         key, implementation = _choose(config_file, root, candidates)
-        block = _resolve_block(config_file, config, key, implementation, overrides or {})
-        spec = ServerSpec(root, config_file, key, implementation, block)
+        if env_values:
+            config = _merged(config, env_values)
+        block = _resolve_block(config_file, config, key, implementation, overrides or {}, env_yaml)
+        whole = _container(config)
+        spec = ServerSpec(root, config_file, key, implementation, block, env_yaml, env_values, whole)
         if not spec.entrypoint.is_file():
             raise FolderError(
                 f"{spec.entrypoint}: no such file; {spec.where()}.entrypoint names it as the server's entrypoint"
@@ -79,6 +98,56 @@ def load_server_spec(
         f"{root / 'configs'}: no resources-server block; expected {wanted} "
         f"'{_RESOURCES_SERVERS}: {{<implementation>: {{entrypoint: app.py}}}}' (looked in {looked_in})"
     )
+
+
+def find_env_yaml(folder: Path) -> Path | None:
+    """The ``env.yaml`` Gym's launcher would read for ``folder``: in each ``NEMO_GYM_EXTRA_ROOTS`` root, the working
+    directory, the Gym root that holds the folder (``ROOT/resources_servers/<name>``), then nemo-gym's install root;
+    the first that exists."""
+    roots = [Path(entry) for entry in os.environ.get(_EXTRA_ROOTS_ENV_VAR, "").split(os.pathsep) if entry]
+    roots.append(Path.cwd())
+    if folder.parent.name == _RESOURCES_SERVERS:
+        roots.append(folder.parent.parent)
+    install_root = _nemo_gym_install_root()
+    if install_root is not None:
+        roots.append(install_root)
+    for root in roots:
+        candidate = root / ENV_YAML
+        if candidate.is_file():
+            return candidate.resolve()
+    return None
+
+
+def _nemo_gym_install_root() -> Path | None:
+    """nemo-gym's ``PARENT_DIR`` (the checkout, or ``site-packages``), found without importing it."""
+    spec = importlib.util.find_spec("nemo_gym")
+    return Path(spec.origin).parent.parent if spec is not None and spec.origin else None
+
+
+def _env_values(path: Path) -> dict[str, Any]:
+    from omegaconf import DictConfig, OmegaConf
+
+    config = _load_yaml(path)
+    if not isinstance(config, DictConfig):
+        raise FolderError(f"{path}: not a mapping of top-level keys, as Gym's env.yaml is")
+    values = OmegaConf.to_container(config, resolve=False)
+    assert isinstance(values, dict)
+    return {str(key): value for key, value in values.items()}
+
+
+def _container(config: Any) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    whole = OmegaConf.to_container(config, resolve=False)
+    assert isinstance(whole, dict)
+    return {str(key): value for key, value in whole.items()}
+
+
+def _merged(config: Any, env_values: Mapping[str, Any]) -> Any:
+    """The config with env.yaml's keys at its root, where Gym's launcher puts them (above the config files)."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.merge(config, dict(env_values))
 
 
 def _existing_folder(folder: str | Path) -> Path:
@@ -145,7 +214,12 @@ def _choose(config_file: Path, root: Path, candidates: list[tuple[str, str]]) ->
 
 
 def _resolve_block(
-    config_file: Path, config: Any, key: str, implementation: str, overrides: Mapping[str, Any]
+    config_file: Path,
+    config: Any,
+    key: str,
+    implementation: str,
+    overrides: Mapping[str, Any],
+    env_yaml: Path | None,
 ) -> dict[str, Any]:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
@@ -161,9 +235,10 @@ def _resolve_block(
         resolved = OmegaConf.to_container(block, resolve=True)
     except OmegaConfBaseException as error:
         detail = str(error).splitlines()[0]
+        read = f"read {env_yaml}" if env_yaml is not None else "found no env.yaml"
         raise FolderError(
-            f"{where}: cannot resolve an interpolation ({detail}); "
-            "set the value in the config, or pass it as an override"
+            f"{where}: cannot resolve an interpolation ({detail}); set the value in env.yaml, as for Gym's launcher "
+            f"({read}), in the config, or pass it as an override"
         ) from error
     assert isinstance(resolved, dict)
     return {str(k): v for k, v in resolved.items()}

@@ -31,6 +31,8 @@ ORIGINAL_PATH_SCOPE_KEY = "gymhost.raw_path"  # the path as the client sent it, 
 _HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade", b"content-length", b"host"}
 )
+# The server in front adds its own: the owner's would be sent twice.
+_SERVER_HEADERS = frozenset({b"date", b"server"})
 _CONNECT_TIMEOUT_S = 5.0
 _clients: dict[tuple[int, Target], httpx.AsyncClient] = {}
 
@@ -41,9 +43,9 @@ def may_forward(scope: Scope, target: Target) -> bool:
     return hop is None or (hop == b"replica" and target[0] == "worker")
 
 
-async def forward(scope: Scope, receive: Receive, send: Send, target: Target) -> bool:
+async def forward(scope: Scope, receive: Receive, send: Send, target: Target, *, path: bytes | None = None) -> bool:
     """Send the request to ``target`` and its answer to the client; False, with nothing sent, when the target cannot
-    be reached."""
+    be reached. ``path``: another path than the client's (a gateway's process mount sends the path below it)."""
     body = await read_body(receive)
     headers = [
         (name, value) for name, value in scope["headers"] if name not in _HOP_BY_HOP and name != FORWARDED_HEADER
@@ -52,7 +54,8 @@ async def forward(scope: Scope, receive: Receive, send: Send, target: Target) ->
     if host is not None and target[0] == "worker":
         headers.append((b"host", host))  # the same server, another process: the client's Host still names it
     headers.append((FORWARDED_HEADER, target[0].encode()))
-    path = scope.get(ORIGINAL_PATH_SCOPE_KEY) or scope.get("raw_path") or scope["path"].encode()
+    if path is None:
+        path = scope.get(ORIGINAL_PATH_SCOPE_KEY) or scope.get("raw_path") or scope["path"].encode()
     query = scope.get("query_string") or b""
     url = (path + (b"?" + query if query else b"")).decode("latin-1")
     client = _client(target)
@@ -63,7 +66,11 @@ async def forward(scope: Scope, receive: Receive, send: Send, target: Target) ->
         return False
     scope[FORWARDED_SCOPE_KEY] = True
     try:
-        raw = [(name.lower(), value) for name, value in response.headers.raw if name.lower() not in _HOP_BY_HOP]
+        raw = [
+            (name.lower(), value)
+            for name, value in response.headers.raw
+            if name.lower() not in _HOP_BY_HOP and name.lower() not in _SERVER_HEADERS
+        ]
         if "content-length" in response.headers:  # the raw bytes go on as they came, encoded or not
             raw.append((b"content-length", response.headers["content-length"].encode()))
         await send({"type": "http.response.start", "status": response.status_code, "headers": raw})

@@ -19,7 +19,7 @@ from typing import Any
 from starlette.routing import Mount
 
 from ._app import create_app
-from ._config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, NO_TOKEN, NoToken
+from ._config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, NO_TOKEN, NoToken, ServeConfig
 from ._exceptions import FolderError, GatewayError
 from ._lifespan_runner import has_lifespan, running_lifespan
 from ._nemo_gym import GYM_ROUTE_NAMES
@@ -72,6 +72,7 @@ def create_gateway(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
     metrics: bool = True,
+    own_venvs: ServeConfig | None = None,
 ) -> Any:
     """A FastAPI app with each server mounted at its prefix and their lifespans run by its own.
 
@@ -81,19 +82,34 @@ def create_gateway(
     ``GET /health`` is the gateway's liveness, ``GET /readyz`` its readiness (every mount ready), ``GET /metrics``
     every mount's metrics. ``token``, ``max_body_bytes`` and ``max_json_depth`` are ``create_app``'s; the token
     guards the gateway's own routes and every mount, liveness probes excepted.
+
+    Folders whose ``requirements.txt`` this environment does not meet are refused when they clash with another
+    folder's; with ``own_venvs`` (how ``gymhost serve`` runs: ``gymhost serve ROOT --venv``), each is served instead
+    from a venv of its own by a process of its own behind the gateway, at its prefix (``_process_mount``).
     """
     from fastapi import FastAPI
 
     from ._requirements import conflicts
 
-    mapping = find_servers(servers) if isinstance(servers, str | Path) else dict(servers)
+    mapping: dict[str, Any] = find_servers(servers) if isinstance(servers, str | Path) else dict(servers)
     for prefix in mapping:
         if not prefix.startswith("/") or prefix.endswith("/") or prefix.count("/") != 1:
             raise GatewayError(f"prefix {prefix!r}: expected one path segment, like '/gridsim'")
     folders = {prefix: Path(value).resolve() for prefix, value in mapping.items() if isinstance(value, str | Path)}
+    if own_venvs is not None:
+        from ._process_mount import ProcessMount
+        from ._venvs import folder_venv, unmet_requirements
+
+        for prefix, folder in list(folders.items()):
+            if unmet_requirements(folder):
+                mapping[prefix] = ProcessMount(folder, folder_venv(folder), prefix, own_venvs, server_urls or {})
+                del folders[prefix]
     problems = conflicts(folders)
     if problems:
-        raise GatewayError("these servers cannot share one process: " + "; ".join(problems))
+        raise GatewayError(
+            "these servers cannot share one process: " + "; ".join(problems) + " (or serve the root with --venv: "
+            "each folder whose requirements are not met here gets a venv and a process of its own)"
+        )
 
     required = resolve_token(token)
     gateway = FastAPI(title="gymhost gateway", lifespan=mounted_lifespan)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -28,9 +29,11 @@ __all__ = [
     "exported_names",
     "open_episodes_of_all_workers",
     "render",
+    "share_metrics",
 ]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+_MULTIPROC_ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
 ROOT = "/"
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _SLOW = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
@@ -124,10 +127,23 @@ class EpisodeMetrics:
                 _INSTANCES.labels(self.mount, state).set(instances.get(state, 0))
 
 
+def share_metrics(folder: Path) -> None:
+    """From now on, this process and the processes it starts keep their metrics in ``folder``, and ``render``
+    adds them all up (prometheus_client's multiprocess mode): workers, and a gateway's process mounts. Call it
+    before any metric has a value."""
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ[_MULTIPROC_ENV_VAR] = str(folder)
+    # prometheus_client chose how to keep values when it was imported (importing gymhost imports it); gymhost's
+    # metrics all have labels, so none has a value yet, and every one made from now on goes to the folder.
+    from prometheus_client import values
+
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+
+
 def render(mount: str | None = None) -> bytes:
     """The exposition text: every series, or (``mount``) one app's and the process's own."""
     registry: Any = REGISTRY
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if os.environ.get(_MULTIPROC_ENV_VAR):
         from prometheus_client import multiprocess
 
         registry = CollectorRegistry()
@@ -140,7 +156,7 @@ def render(mount: str | None = None) -> bytes:
 
 def open_episodes_of_all_workers() -> int:
     """The episodes open in every worker of this replica, from their gauges (multiprocess mode only; else 0)."""
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if not os.environ.get(_MULTIPROC_ENV_VAR):
         return 0
     from prometheus_client import multiprocess
 

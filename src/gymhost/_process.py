@@ -7,13 +7,17 @@ A request for a session another worker of this replica owns, or another replica 
 address, a worker or replica since restarted) is told its episode is lost instead of being served as a new one.
 
 Draining is process-wide too: a SIGTERM stops every app in the process from taking new episodes, and the server
-exits once the apps' open episodes have ended (``open_episodes()``).
+exits once the apps' open episodes have ended (``open_episodes()``). A process another gymhost process started (a
+worker, a gateway's process mount) dies with it (``follow_parent``): the kernel sends it SIGTERM when its parent
+dies, and, its parent gone, it stops at once instead of draining for nobody.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
+import signal
 import socket
 import threading
 import time
@@ -30,6 +34,7 @@ Owner = dict[str, Any]
 Target = tuple[str, str]  # ("worker", a sibling worker's Unix socket path) or ("replica", another replica's URL)
 WORKER_ENV_VAR = "GYMHOST_WORKER"  # index of this worker among the replica's (set by the supervisor, ``_workers``)
 WORKERS_DIR_ENV_VAR = "GYMHOST_WORKERS_DIR"  # where each worker listens for forwarded requests: worker-<i>.sock
+_PR_SET_PDEATHSIG = 1
 
 
 class ProcessState:
@@ -44,6 +49,21 @@ class ProcessState:
         self.drain_started_at: float | None = None
         self._open: dict[int, Callable[[], int]] = {}
         self._lock = threading.Lock()
+        self.parent: int | None = None  # the gymhost process this one dies with, if another started it
+
+    def follow_parent(self, parent: int) -> None:
+        """Die with ``parent``, the process that started this one: SIGTERM when it dies (``PR_SET_PDEATHSIG``), and
+        exit now if it is already gone."""
+        self.parent = parent
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it died before the line above took effect
+            os._exit(1)
+
+    @property
+    def orphaned(self) -> bool:
+        """Whether the process that started this one has died: nobody is left to drain for."""
+        return self.parent is not None and os.getppid() != self.parent
 
     def configure(self, *, replica: str | None, port: int | None = None, advertise_url: str | None = None) -> None:
         """The replica id: given (``--replica-id``, ``GYMHOST_REPLICA_ID``), else this host and the port served; and

@@ -89,12 +89,37 @@ class MappedServerClient(server_utils.ServerClient):  # type: ignore[misc]
         raise AssertionError("unreachable")
 
 
-def build_server_client(server_urls: Mapping[str, str]) -> MappedServerClient:
+def build_server_client(spec: ServerSpec, config: Any, server_urls: Mapping[str, str]) -> MappedServerClient:
+    """The server's client, and its view of the config: its folder's whole config (the other servers its configs
+    define included, as Gym's launcher hands every server the whole config), with its own block as validated and
+    the mapped servers' addresses; some servers read a peer's settings there (xstest, its judge's)."""
+    whole: dict[str, Any] = dict(spec.config or {})
+    whole[config.name] = {"resources_servers": {spec.implementation: config.model_dump(mode="json")}}
+    for name, entry in _peer_entries(spec, server_urls, whole).items():
+        whole[name] = entry
     return MappedServerClient(
         head_server_config=BaseServerConfig(**_HEAD_SERVER),
-        global_config_dict=OmegaConf.create({}),
+        global_config_dict=OmegaConf.create(whole),
         server_urls=dict(server_urls),
     )
+
+
+def _peer_entries(spec: ServerSpec, server_urls: Mapping[str, str], known: Mapping[str, Any]) -> dict[str, Any]:
+    """Each mapped server's config entry with its address: in the block the configs give it, else a block of its
+    own (``{type: {name: {host, port}}}``)."""
+    types = referenced_servers(spec.block)
+    entries: dict[str, Any] = {}
+    for name, url in server_urls.items():
+        parts = urlsplit(url)
+        address = {"host": parts.hostname, "port": parts.port or (443 if parts.scheme == "https" else 80)}
+        server_type = types.get(name, _DEFAULT_SERVER_TYPE)
+        given = known.get(name)
+        implementations = given.get(server_type) if isinstance(given, Mapping) else None
+        if isinstance(implementations, Mapping) and implementations:
+            entries[name] = {server_type: {impl: {**block, **address} for impl, block in implementations.items()}}
+        else:
+            entries[name] = {server_type: {name: address}}
+    return entries
 
 
 def referenced_servers(block: Mapping[str, Any]) -> dict[str, str]:
@@ -119,16 +144,12 @@ def seed_global_config(spec: ServerSpec, config: Any, server_urls: Mapping[str, 
     Some servers read it directly (``get_global_config_dict()``, ``get_first_server_config_dict``), and Gym's
     aiohttp client reads it on first use; left empty, that first use parses ``sys.argv`` with Hydra.
     """
-    types = referenced_servers(spec.block)
     entries: dict[str, Any] = {
+        **(spec.env_values or {}),  # env.yaml's keys sit at the root of Gym's config, as its launcher puts them
         gym_global_config.HEAD_SERVER_KEY_NAME: dict(_HEAD_SERVER),
         config.name: {"resources_servers": {spec.implementation: config.model_dump(mode="json")}},
+        **_peer_entries(spec, server_urls, {}),
     }
-    for name, url in server_urls.items():
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        server_type = types.get(name, _DEFAULT_SERVER_TYPE)
-        entries[name] = {server_type: {name: {"host": parts.hostname, "port": port}}}
 
     ours = OmegaConf.create(entries)
     existing = gym_global_config._GLOBAL_CONFIG_DICT

@@ -9,6 +9,7 @@ before the app is built (the app is told its real address), and what turns a bus
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import gc
 import ipaddress
@@ -16,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +33,7 @@ logger = logging.getLogger("gymhost")
 
 _DRAIN_POLL_S = 0.2
 
-__all__ = ["bind_socket", "drain", "freeze_imported_heap", "is_loopback", "run_app", "url_of"]
+__all__ = ["bind_socket", "bind_unix_socket", "drain", "freeze_imported_heap", "is_loopback", "run_app", "url_of"]
 
 
 def freeze_imported_heap() -> None:
@@ -64,6 +66,22 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_unix_socket(path: str) -> socket.socket:
+    """A listening Unix socket at ``path``, replacing a stale socket file there."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(2048)
+    except OSError as error:
+        sock.close()
+        raise ServeError(f"cannot listen on {path}: {error.strerror or error}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def is_loopback(host: str) -> bool:
     """Whether only this machine can reach ``host`` (a name is resolved: "localhost" is loopback)."""
     try:
@@ -74,6 +92,8 @@ def is_loopback(host: str) -> bool:
 
 
 def url_of(sock: socket.socket) -> str:
+    if sock.family == socket.AF_UNIX:
+        return f"unix:{sock.getsockname()}"
     host, port = sock.getsockname()[:2]
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
@@ -110,6 +130,7 @@ def _run_uvicorn(app: Any, sockets: list[socket.socket], config: ServeConfig) ->
             access_log=config.access_log,
             timeout_keep_alive=config.timeout_keep_alive,
             timeout_graceful_shutdown=config.graceful_timeout,
+            root_path=config.root_path,
             lifespan="on",
             # "auto" picks httptools and uvloop, both gymhost dependencies: several times h11 and asyncio's speed.
             http="auto",
@@ -164,6 +185,9 @@ class _DrainingUvicorn(_uvicorn_server()):  # type: ignore[misc]
 async def drain(timeout: float) -> None:
     """Take no new episodes, and wait until the open ones have ended or ``timeout`` has passed."""
     process_state.begin_drain()
+    if process_state.orphaned:
+        logger.warning("the process that started this one is gone: stopping at once, without a drain")
+        return
     open_now = _still_open()
     logger.warning(
         "draining: no new episodes; waiting up to %gs for %d open episode(s) to end (a second signal stops at once)",
@@ -201,6 +225,7 @@ def _run_hypercorn(app: Any, sockets: list[socket.socket], config: ServeConfig) 
     hypercorn_config.loglevel = config.log_level.upper()
     hypercorn_config.keep_alive_timeout = config.timeout_keep_alive
     hypercorn_config.graceful_timeout = config.graceful_timeout
+    hypercorn_config.root_path = config.root_path
     hypercorn_config.accesslog = "-" if config.access_log else None
     hypercorn_config.logconfig_dict = logging_config(config.log_format, config.log_level)
 

@@ -38,13 +38,13 @@ from typing import Any
 
 from ._config import SECRET_ENV_VAR, ServeConfig
 from ._exceptions import GymhostError, ServeError
+from ._metrics import share_metrics
 from ._process import process_state
 
 __all__ = ["prepare_workers", "serve_workers"]
 
 logger = logging.getLogger("gymhost")
 
-_MULTIPROC_ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
 _PR_SET_PDEATHSIG = 1
 _START_GRACE_S = 10.0  # a worker that exits sooner than this after its start failed to start
 _START_FAILURES = 3  # consecutive failed starts before the supervisor gives up
@@ -54,13 +54,7 @@ def prepare_workers() -> Path:
     """Before anything builds an app: the folder where workers listen and keep their metrics, and one signing
     secret for all of them (each worker's own random secret would refuse its siblings' cookies)."""
     folder = Path(tempfile.mkdtemp(prefix="gymhost-workers-"))
-    (folder / "metrics").mkdir()
-    os.environ[_MULTIPROC_ENV_VAR] = str(folder / "metrics")
-    # prometheus_client chose how to keep values when it was imported (importing gymhost imports it); gymhost's
-    # metrics all have labels, so none has a value yet, and every one made from now on goes to the folder.
-    from prometheus_client import values
-
-    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+    share_metrics(folder / "metrics")
     if not os.environ.get(SECRET_ENV_VAR):
         os.environ[SECRET_ENV_VAR] = secrets.token_urlsafe(32)  # shared by the workers, gone with them
     return folder

@@ -16,7 +16,7 @@ import os
 
 from ._config import FOLDER_ENV_VAR, SECRET_ENV_VAR
 from ._exceptions import GymhostError
-from ._loading import load_app
+from ._loading import enter_folder, load_app
 from ._serving import freeze_imported_heap
 
 __all__ = ["ENV_VAR", "app"]
@@ -32,7 +32,7 @@ def _app_from_environment() -> object:
             f"e.g. {ENV_VAR}=path/to/resources_servers/my_server uvicorn asgi:app"
         )
     try:
-        return load_app(folder)
+        return load_app(enter_folder(folder))
     except GymhostError as error:
         raise SystemExit(f"gymhost: {ENV_VAR}={folder}: {error}") from None
 

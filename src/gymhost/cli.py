@@ -7,15 +7,27 @@ the install hint work in an environment without it.
 
 from __future__ import annotations
 
+import os
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import click
 
-from ._config import DEFAULT_MAX_BODY_BYTES, NO_TOKEN, REPLICA_ENV_VAR, SERVERS, TOKEN_ENV_VAR, ServeConfig
+from ._config import (
+    DEFAULT_MAX_BODY_BYTES,
+    NO_TOKEN,
+    PARENT_PID_ENV_VAR,
+    REPLICA_ENV_VAR,
+    SERVERS,
+    TOKEN_ENV_VAR,
+    ServeConfig,
+)
 from ._exceptions import GymhostError
+from ._metrics import share_metrics
 from ._process import process_state
-from ._serving import bind_socket, is_loopback, run_app, url_of
+from ._serving import bind_socket, bind_unix_socket, is_loopback, run_app, url_of
 from ._version import __version__
 from ._workers import prepare_workers, serve_workers
 from .agentenv._config import DEFAULT_INSTANCES, SourceConfig, instance_range
@@ -173,6 +185,20 @@ def main() -> None:
     type=click.IntRange(0),
     help="Seconds requests in flight get to finish on SIGTERM/SIGINT before they are cancelled.",
 )
+@click.option(
+    "--venv",
+    is_flag=True,
+    help="A folder whose requirements.txt this environment does not meet is served from a venv of its own, built "
+    "once (with uv when it is on PATH, as Gym builds them) with this nemo-gym and gymhost; under a Gym root, each such "
+    "folder by a process of its own behind this one, at its prefix.",
+)
+@click.option("--uds", default=None, metavar="PATH", help="Listen on a Unix socket at PATH instead of --host/--port.")
+@click.option(
+    "--root-path",
+    default=ServeConfig.root_path,
+    metavar="PREFIX",
+    help="The path prefix a proxy in front serves this server under (its cookies and MCP paths are the prefix's).",
+)
 def serve(
     folder: str,
     host: str,
@@ -193,6 +219,9 @@ def serve(
     log_format: str,
     http_metrics: bool,
     graceful_timeout: int,
+    venv: bool,
+    uds: str | None,
+    root_path: str,
 ) -> None:
     """Serve the resources server in FOLDER (which may be '.').
 
@@ -202,7 +231,7 @@ def serve(
     from starlette.routing import Mount
 
     from ._gateway import is_gym_root
-    from ._loading import load_app
+    from ._loading import enter_folder, load_app
     from ._nemo_gym import require_nemo_gym
 
     urls = _key_values("--server-url", server_urls)
@@ -215,7 +244,11 @@ def serve(
         graceful_timeout=graceful_timeout,
         drain_timeout=drain_timeout,
         log_format=log_format,  # type: ignore[arg-type]
+        root_path=root_path.rstrip("/"),
     )
+    parent = os.environ.pop(PARENT_PID_ENV_VAR, None)
+    if parent is not None:  # another gymhost process started this one (a gateway's process mount): die with it
+        process_state.follow_parent(int(parent))
     if not token and not is_loopback(host):
         click.secho(
             f"WARNING: serving on {host} with no token: anyone who can reach this port can seed, play and verify "
@@ -230,14 +263,20 @@ def serve(
     if advertise_url is not None and not advertise_url.startswith(("http://", "https://")):
         raise click.BadParameter(f"expected http://HOST:PORT, got {advertise_url!r}", param_hint="--advertise-url")
     try:
+        if venv and not gateway and Path(folder).is_dir():
+            _serve_from_own_venv(Path(folder))  # returns when this environment meets the folder's requirements
         workers_folder = prepare_workers() if workers > 1 else None  # before anything imports prometheus_client
+        if venv and gateway and workers_folder is None:
+            share_metrics(Path(tempfile.mkdtemp(prefix="gymhost-metrics-")))  # process mounts render with this one
         require_nemo_gym()
         overrides = _overrides(settings)
         if name is not None:
             overrides["name"] = name
-        sock = bind_socket(config.host, config.port)
+        sock = bind_unix_socket(uds) if uds is not None else bind_socket(config.host, config.port)
         try:
-            process_state.configure(replica=replica_id, port=sock.getsockname()[1], advertise_url=advertise_url)
+            served_port = sock.getsockname()[1] if uds is None else None
+            process_state.configure(replica=replica_id, port=served_port, advertise_url=advertise_url)
+            folder = str(enter_folder(folder))
             app = load_app(
                 folder,
                 server_urls=urls,
@@ -246,9 +285,12 @@ def serve(
                 max_body_bytes=max_body_bytes,
                 metrics=http_metrics,
                 config_key=config_key,
-                address=sock.getsockname()[:2],
+                address=sock.getsockname()[:2] if uds is None else None,
+                own_venvs=config if venv else None,
                 **overrides,
             )
+            if config.root_path:
+                app.state.gymhost_mount = config.root_path  # its metrics carry the prefix it is served under
             if gateway:
                 mounts = ", ".join(route.path for route in app.router.routes if isinstance(route, Mount))
                 click.echo(f"gymhost: serving {Path(folder).resolve().name} at {url_of(sock)} (servers: {mounts})")
@@ -263,6 +305,21 @@ def serve(
             sock.close()
     except GymhostError as error:
         raise click.ClickException(str(error)) from None
+
+
+def _serve_from_own_venv(folder: Path) -> None:
+    """``serve --venv`` of one folder whose requirements this environment does not meet: build (or reuse) its venv
+    and run this same command there, without --venv. Returns when the requirements are met here."""
+    from ._nemo_gym import require_nemo_gym
+    from ._venvs import folder_venv, unmet_requirements
+
+    require_nemo_gym()
+    if not unmet_requirements(folder.resolve()):
+        click.echo(f"gymhost: {folder.resolve().name}: its requirements.txt is met here; no venv of its own needed")
+        return
+    python = folder_venv(folder.resolve())
+    arguments = [argument for argument in sys.argv[1:] if argument != "--venv"]
+    os.execv(python, [str(python), "-m", "gymhost", *arguments])
 
 
 @main.command()

@@ -13,7 +13,6 @@ nemo-gym nor omegaconf: the YAML is written from a template.
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 import json
 import re
 import shutil
@@ -22,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._venvs import gymhost_requirement
 from ._catalog import responses_tool, task_tools
 from ._config import SourceConfig, instance_range, written_settings
 from ._exceptions import WriteError
@@ -330,7 +330,7 @@ def _dataset_type(split: str) -> str:
 
 
 def _requirements(source: Source) -> str:
-    lines = [_gymhost_requirement(), "agentenv-framework-protocol>=0.1.379,<0.2"]
+    lines = [gymhost_requirement(), "agentenv-framework-protocol>=0.1.379,<0.2"]
     # An agent-env bundle's own requirements are its app's venv's (source.python), never the server's.
     if source.kind == "bundle" and source.bundle is not None and (source.bundle / "requirements.txt").is_file():
         lines += [
@@ -364,21 +364,6 @@ wait for a session to end."""
 session; each tool route (`POST /<tool>`) forwards the call over MCP and answers the tool's text (HTTP 400 when the
 tool reports an error); `/verify` grades the episode from the task's criteria, tears it down and answers `reward`,
 with `mask_sample` true only when the infrastructure failed."""
-
-
-def _gymhost_requirement() -> str:
-    """gymhost as pip or uv can install it: from where this gymhost was installed (PEP 610's ``direct_url.json``: a
-    checkout, a wheel file, a VCS URL), else the version from a package index. Gym's launcher builds each server's
-    venv from its ``requirements.txt``, and a bare name resolves only where gymhost is on the index."""
-    try:
-        distribution = importlib.metadata.distribution("gymhost")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
-        return "gymhost[nemo-gym]"
-    direct = distribution.read_text("direct_url.json")
-    url = json.loads(direct).get("url") if direct else None
-    if isinstance(url, str) and url:
-        return f"gymhost[nemo-gym] @ {url}"
-    return f"gymhost[nemo-gym]=={distribution.version}"
 
 
 def _readme(name: str, source: Source, rows: dict[str, int]) -> str:

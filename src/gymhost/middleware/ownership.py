@@ -20,8 +20,12 @@ provider_unavailable``, so a load balancer or client takes the episode elsewhere
 
 For a server that keeps its sessions in dicts of its own (any Gym server gymhost did not write), the middleware also
 follows episodes from outside: a seed opens one, its ``/verify`` (whose verdict it reads) or ``/close_session`` ends
-it, and one with no call for ``idle_s`` is forgotten. That count is what a drain waits for, and it feeds the episode
-metrics of such servers; a written server counts its own.
+it, and one with no call for ``idle_s`` is forgotten. A Gymnasium-style server (nemo-gym 0.7.0's
+``resources_servers/gymnasium``: no seed or verify, but ``/reset`` and ``/step``) is followed the same way: a reset
+opens an episode (refused while draining, a new one here when the session is another process's), each step's reward
+adds to it, and a step that answers ``terminated`` or ``truncated`` ends it, rewarded with the sum, as Gym's
+gymnasium agent counts it (``/close`` ends one closed). That count is what a drain waits for, and it feeds the
+episode metrics of such servers; a written server counts its own.
 """
 
 from __future__ import annotations
@@ -49,26 +53,38 @@ _VERDICT_READ_LIMIT = 8 * 1024 * 1024  # a verify answer larger than this (a hug
 
 
 class SessionTracker:
-    """Sessions seeded here and not yet seen verified or closed, each forgotten after ``idle_s`` without a call."""
+    """Sessions seeded here and not yet seen verified or closed, each forgotten after ``idle_s`` without a call, with
+    the rewards their steps gave (a Gymnasium-style server's)."""
 
     def __init__(self, idle_s: float = 300.0) -> None:
         self.idle_s = idle_s
         self._open: dict[str, float] = {}
+        self._rewards: dict[str, float] = {}
 
     def seeded(self, session: str) -> None:
         self._open[session] = time.monotonic()
+        self._rewards.pop(session, None)
 
     def touched(self, session: str) -> None:
         if session in self._open:
             self._open[session] = time.monotonic()
 
+    def rewarded(self, session: str, reward: float) -> None:
+        if session in self._open:
+            self._rewards[session] = self._rewards.get(session, 0.0) + reward
+
+    def reward_of(self, session: str) -> float:
+        return self._rewards.get(session, 0.0)
+
     def ended(self, session: str) -> bool:
+        self._rewards.pop(session, None)
         return self._open.pop(session, None) is not None
 
     def open_count(self) -> int:
         cutoff = time.monotonic() - self.idle_s
         for session in [key for key, seen in self._open.items() if seen < cutoff]:
             del self._open[session]
+            self._rewards.pop(session, None)
         return len(self._open)
 
 
@@ -81,19 +97,24 @@ class SessionOwnershipMiddleware:
         masked_verdicts: bool,
         metrics: EpisodeMetrics,
         tracker: SessionTracker | None = None,
+        gymnasium: bool = False,
     ) -> None:
         self.app = app
         self.server_key = server_key
         self.masked_verdicts = masked_verdicts
         self.metrics = metrics
         self.tracker = tracker
+        # Where an episode starts, and the calls that may end it: Gym's seed and verify, or a Gymnasium-style reset
+        # and steps.
+        self.starts = frozenset({"/reset"} if gymnasium else {"/seed_session"})
+        self.followed = self.starts | {"/verify", "/close_session"} | ({"/step", "/close"} if gymnasium else set())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
         path = _below_mount(scope)
-        if path == "/seed_session" and process_state.draining:
+        if path in self.starts and process_state.draining:
             await _json(scope, receive, send, 503, _DRAINING, {"Retry-After": "5"})
             return
         token = next((value for name, value in scope["headers"] if name == TOKEN_HEADER.encode()), None)
@@ -108,7 +129,7 @@ class SessionOwnershipMiddleware:
             owner = session.get(OWNER_KEY)
             if await self._forwarded(scope, receive, send, owner):
                 return  # its owner answered (a repeated seed included: that is the owner's to judge)
-            if path != "/seed_session":
+            if path not in self.starts:
                 await self._lost(scope, receive, send, path, owner)
                 return
             if "gymhost.body" in scope:  # read for a forward that could not be made
@@ -116,7 +137,7 @@ class SessionOwnershipMiddleware:
             session.clear()  # a new episode here, in a session of its own
             session[SESSION_ID_KEY] = str(uuid.uuid4())
             session[OWNER_KEY] = process_state.owner()
-        if path in ("/seed_session", "/verify", "/close_session"):
+        if path in self.followed:
             await self._followed(scope, receive, send, path)
             return
         if self.tracker is not None and session is not None:
@@ -157,9 +178,9 @@ class SessionOwnershipMiddleware:
         await _json(scope, receive, send, 410, {"detail": detail, "failure_kind": SESSION_LOST, "owner": owner})
 
     async def _followed(self, scope: Scope, receive: Receive, send: Send, path: str) -> None:
-        """Serve a seed, verify or close, and note what it did to the session's episode."""
+        """Serve a seed, verify or close (or a reset or step), and note what it did to the session's episode."""
         status, chunks, size = 500, [], 0
-        read_verdict = path == "/verify" and self.tracker is not None
+        read_verdict = path in ("/verify", "/step") and self.tracker is not None
 
         async def watch(message: Message) -> None:
             nonlocal status, size
@@ -175,15 +196,37 @@ class SessionOwnershipMiddleware:
         if not 200 <= status < 300:
             return
         session = str((scope.get("session") or {}).get(SESSION_ID_KEY))
-        if path == "/seed_session":
+        if path in self.starts:
             self.metrics.session_started()
             if self.tracker is not None:
                 self.tracker.seeded(session)
+        elif path == "/step" and self.tracker is not None:
+            self._stepped(session, b"".join(chunks) if size <= _VERDICT_READ_LIMIT else b"")
         elif self.tracker is not None and self.tracker.ended(session):
-            if path == "/close_session":
+            if path in ("/close_session", "/close"):
                 self.metrics.ended("closed")
             else:
                 self._verdict(b"".join(chunks) if size <= _VERDICT_READ_LIMIT else b"")
+
+    def _stepped(self, session: str, body: bytes) -> None:
+        """A Gymnasium-style step: its reward adds to the episode's, and one that terminates or truncates ends it."""
+        assert self.tracker is not None
+        try:
+            answer = json.loads(body)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            self.tracker.touched(session)
+            return
+        reward = answer.get("reward")
+        if isinstance(reward, int | float) and not isinstance(reward, bool):
+            self.tracker.rewarded(session, float(reward))
+        if answer.get("terminated") or answer.get("truncated"):
+            total = self.tracker.reward_of(session)
+            if self.tracker.ended(session):
+                self.metrics.ended("rewarded", reward=total)
+        else:
+            self.tracker.touched(session)
 
     def _verdict(self, body: bytes) -> None:
         try:
