@@ -23,10 +23,12 @@ def enter_folder(path: str | Path) -> Path:
     """For a process that serves one folder: make the folder its working directory, as Gym's launcher does
     (``cd <folder> && python app.py``), so a server that opens a relative path while it serves finds it. A Gym root
     of several servers leaves the directory alone (each server is built in its own, ``create_app``). Returns the
-    path, absolute."""
-    resolved = Path(path).expanduser().resolve()
-    if not is_gym_root(resolved) and resolved.is_dir():
-        os.chdir(resolved)
+    path, absolute when it is a folder."""
+    given = Path(path).expanduser()
+    if not given.is_dir() or is_gym_root(given):
+        return given  # not there: the loading says so, in the words it was given
+    resolved = given.resolve()
+    os.chdir(resolved)
     return resolved
 
 
