@@ -36,6 +36,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -430,6 +431,127 @@ def scale_out(root: Path, quick: bool) -> dict[str, Any]:
     return out
 
 
+class Sampler:
+    """Peak resident memory and open descriptors of a server's process tree (its workers included), sampled every
+    0.2 s while a burst runs."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak_rss_mb = self.peak_fds = 0.0
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop:
+            pids = [self.pid, *tree(self.pid)]
+            rss = fds = 0.0
+            for pid in pids:
+                with contextlib.suppress(OSError, StopIteration, ValueError):
+                    rss += resident_mb(pid)
+                    fds += len(os.listdir(f"/proc/{pid}/fd"))
+            self.peak_rss_mb, self.peak_fds = max(self.peak_rss_mb, rss), max(self.peak_fds, fds)
+            time.sleep(0.2)
+
+
+def tree(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir() if Path(f"/proc/{pid}/task").is_dir() else []:
+        with contextlib.suppress(OSError):
+            for child in (task / "children").read_text().split():
+                found += [int(child), *tree(int(child))]
+    return found
+
+
+def burst(url: str, pid: int, requests: int, *args: str) -> dict[str, Any]:
+    idle_rss = sum(resident_mb(p) for p in [pid, *tree(pid)])
+    idle_fds = sum(len(os.listdir(f"/proc/{p}/fd")) for p in [pid, *tree(pid)])
+    with Sampler(pid) as sampled:
+        done = subprocess.run([PYTHON, str(HERE / "burst.py"), url, "--requests", str(requests), *args],
+                              capture_output=True, text=True, timeout=1800)  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"burst.py failed: {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    result.update(idle_rss_mb=round(idle_rss, 1), peak_rss_mb=round(sampled.peak_rss_mb, 1),
+                  idle_fds=idle_fds, peak_fds=int(sampled.peak_fds))  # fmt: skip
+    return result
+
+
+Launch = tuple[list[str], dict[str, str], Path | None, str]  # command, environment, working directory, URL
+
+
+def load(root: Path, quick: bool) -> dict[str, Any]:
+    """Gym's stated load: bursts of concurrent requests, each on a connection of its own (verifiers opens one per
+    call), and keep-alive connections at the same concurrency; every server started at the usual soft limit of
+    open files (1024, the hard limit high, as containerd gives containers), which each raises itself; then a hard
+    limit of 1024, which no server can raise; and whole episodes of the written gridsim server."""
+    sizes = (1024, 4096) if quick else (4096, 16384, 65536)
+    keep_alive = sizes[-2]
+    usual = ["prlimit", "--nofile=1024:1048576", "--"]
+    low = ["prlimit", "--nofile=1024:1024", "--"]
+    results: dict[str, Any] = {"sizes": list(sizes), "keep_alive_connections": keep_alive, "runs": []}
+
+    def run(label: str, launch: Launch, plan: list[tuple[str, int, list[str]]]) -> None:
+        command, env, cwd, url = launch
+        with server(command, url, cwd=cwd, env=env) as process:
+            for mode, size, extra in plan:
+                measured = burst(url, process.pid, size, *extra)
+                measured.update(server=label, mode=mode, size=size)
+                results["runs"].append(measured)
+                print(
+                    f"  {label}, {mode}, {size}: {measured['ok']}/{measured['requests']} answered 200 in "
+                    f"{measured['wall_s']} s (p50 {measured['p50_ms']} ms, p99 {measured['p99_ms']} ms), peak "
+                    f"{measured['peak_rss_mb']} MB and {measured['peak_fds']} descriptors; {measured['outcomes']}"
+                )
+
+    for limit, plan in (
+        (
+            usual,
+            [("a connection each", size, []) for size in sizes] + [("keep-alive", keep_alive, ["--keep-alive", "4"])],
+        ),
+        (low, [("a connection each, hard limit 1024", sizes[0], [])]),
+    ):
+        for label, launch in tool_call_servers(limit).items():
+            if limit is low and label.endswith("--workers 2"):
+                continue
+            run(label, launch, plan)
+    for size in sizes[:2]:
+        folder = write_gridsim(root / f"load-{size}", instances=f"4:{size + 64}")
+        rows = ["--episodes", str(folder / "data" / "eval.jsonl")]
+        for label, extra in (("gymhost", []), ("gymhost --workers 2", ["--workers", "2"])):
+            port = free_port()
+            launch = ([*usual, *gymhost_serve(folder, port), *extra], {"GYMHOST_SECRET": "bench"}, None, url_at(port))
+            run(f"{label}, gridsim episodes", launch, [("episodes, a connection each request", size, rows)])
+    return results
+
+
+def tool_call_servers(limit: list[str]) -> dict[str, Launch]:
+    """example_single_tool_call under gymhost, gymhost with two workers, and Gym's own launcher."""
+    folder = gym_root() / EXAMPLE
+    ports = [free_port() for _ in range(3)]
+    return {
+        "gymhost": ([*limit, *gymhost_serve(folder, ports[0])], {}, None, url_at(ports[0])),
+        "gymhost --workers 2": (
+            [*limit, *gymhost_serve(folder, ports[1]), "--workers", "2"],
+            {"GYMHOST_SECRET": "bench"},
+            None,
+            url_at(ports[1]),
+        ),
+        "Gym's launcher": ([*limit, PYTHON, "app.py"], gym_launcher_env(folder, ports[2]), folder, url_at(ports[2])),
+    }
+
+
+def url_at(port: int) -> str:
+    return f"http://127.0.0.1:{port}"
+
+
 def machine() -> dict[str, Any]:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())  # fmt: skip
@@ -486,7 +608,12 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="short measurements, for checking the harness")
+    parser.add_argument("--only", choices=["load"], help="one section alone, printed and not written")
     args = parser.parse_args()
+    if args.only == "load":
+        with tempfile.TemporaryDirectory(prefix="gymhost-bench-") as scratch:
+            print(json.dumps(load(Path(scratch), args.quick), indent=2))
+        return
     if shutil.which("wrk") is None:
         raise SystemExit("bench: wrk is not installed (Debian: apt-get install wrk); `make bench` installs it")
     seconds, rounds, scale_by, levels = (
@@ -507,6 +634,8 @@ def main() -> None:
         results["scale_out"] = scale_out(Path(scratch), args.quick)
         print("openenv:")
         results["openenv"] = openenv_bridge(Path(scratch), scale_by)
+        print("load (Gym's stated concurrency):")
+        results["load"] = load(Path(scratch), args.quick)
     results["ratios"] = ratios(results)
     stamp = results["date"][:10] + ("-quick" if args.quick else "")
     (HERE / "results").mkdir(exist_ok=True)

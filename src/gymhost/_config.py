@@ -73,3 +73,7 @@ class ServeConfig:
     log_format: Literal["text", "json"] = "text"
     # The path prefix a proxy in front serves the app under (a gateway's process mount): uvicorn's root_path.
     root_path: str = ""
+    # Connections the listening socket queues before they are accepted: a burst of the 16k concurrent requests Gym
+    # states, each on a connection of its own as verifiers opens them, is a burst of connects. The kernel caps it at
+    # net.core.somaxconn (4096 on most Linux hosts; raise it with sysctl).
+    backlog: int = 16384

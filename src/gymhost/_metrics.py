@@ -26,7 +26,9 @@ __all__ = [
     "HTTP_ACTIVE_REQUESTS",
     "HTTP_REQUEST_DURATION",
     "EpisodeMetrics",
+    "accept_failed",
     "exported_names",
+    "listen_overflowed",
     "open_episodes_of_all_workers",
     "render",
     "share_metrics",
@@ -81,9 +83,29 @@ _SEEDS_WAITING = Gauge(
 _SESSIONS_STARTED = Counter(
     "gymhost_sessions_started", "Sessions seeded (POST /seed_session answered 2xx), on any server.", ["mount"]
 )
+# The process's, not a mount's: no mount label, so every mount's /metrics shows them.
+_ACCEPT_ERRORS = Counter(
+    "gymhost_accept_errors",
+    "Times the server could not accept connections, by what it ran out of (descriptors, memory); the connections "
+    "waited in the kernel's queue meanwhile.",
+    ["reason"],
+)
+_LISTEN_OVERFLOWS = Counter(
+    "gymhost_listen_overflows",
+    "Connections the kernel refused because a listen queue was full (ListenOverflows of /proc/net/netstat: this "
+    "network namespace's, every listening socket's); clients retry them.",
+)
 _INSTANCE_STATES = ("free", "leased", "resetting", "repairing", "starting", "stopping")
 _OURS = (HTTP_REQUEST_DURATION, HTTP_ACTIVE_REQUESTS, _EPISODES_OPEN, _EPISODES_ENDED, _REWARD, _SEED_WAIT,
-         _TOOL_CALL, _INSTANCES, _SEEDS_WAITING, _SESSIONS_STARTED)  # fmt: skip
+         _TOOL_CALL, _INSTANCES, _SEEDS_WAITING, _SESSIONS_STARTED, _ACCEPT_ERRORS, _LISTEN_OVERFLOWS)  # fmt: skip
+
+
+def accept_failed(reason: str) -> None:
+    _ACCEPT_ERRORS.labels(reason).inc()
+
+
+def listen_overflowed(count: int) -> None:
+    _LISTEN_OVERFLOWS.inc(count)
 
 
 class EpisodeMetrics:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ._accepting import Acceptor, ListenWatch
 from ._config import SERVERS, ServeConfig
 from ._exceptions import ServeError
 from ._lifespan_runner import LifespanRunner
@@ -47,14 +48,15 @@ def freeze_imported_heap() -> None:
     gc.freeze()
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (``port`` 0 takes a free one)."""
+def bind_socket(host: str, port: int, backlog: int = ServeConfig.backlog) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (``port`` 0 takes a free one) whose queue holds ``backlog``
+    connections not yet accepted (the kernel caps it at ``net.core.somaxconn``, which is said when it does)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
-        sock.listen(2048)
+        sock.listen(backlog)
     except OSError as error:
         sock.close()
         if error.errno == errno.EADDRINUSE:
@@ -66,7 +68,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def bind_unix_socket(path: str) -> socket.socket:
+def bind_unix_socket(path: str, backlog: int = ServeConfig.backlog) -> socket.socket:
     """A listening Unix socket at ``path``, replacing a stale socket file there."""
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.stat(path).st_mode):
@@ -74,7 +76,7 @@ def bind_unix_socket(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(path)
-        sock.listen(2048)
+        sock.listen(backlog)
     except OSError as error:
         sock.close()
         raise ServeError(f"cannot listen on {path}: {error.strerror or error}") from None
@@ -137,6 +139,7 @@ def _run_uvicorn(app: Any, sockets: list[socket.socket], config: ServeConfig) ->
             loop="auto",
         ),
         drain_timeout=config.drain_timeout,
+        backlog=config.backlog,
     )
     server.run(sockets=sockets)
     if not server.started:
@@ -150,24 +153,52 @@ def _uvicorn_server() -> type[Any]:
 
 
 class _DrainingUvicorn(_uvicorn_server()):  # type: ignore[misc]
-    """uvicorn's server, with a drain before its shutdown: the first SIGTERM or SIGINT drains (``drain``), and
-    uvicorn's own graceful shutdown starts when that ends; a second signal stops at once, as uvicorn's does."""
+    """uvicorn's server, with gymhost's own accept loop (``_accepting``: no connection refused in silence) and a
+    drain before its shutdown: the first SIGTERM or SIGINT drains (``drain``), and uvicorn's own graceful shutdown
+    starts when that ends; a second signal stops at once, as uvicorn's does, and so does the first when the process
+    that started this one has died (a worker whose supervisor was killed): nobody is left to drain for, and the
+    operator restarting it wants the port free."""
 
-    def __init__(self, config: Any, *, drain_timeout: float) -> None:
+    def __init__(self, config: Any, *, drain_timeout: float, backlog: int) -> None:
         super().__init__(config)
         self.drain_timeout = drain_timeout
+        self.backlog = backlog
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draining = False
+        self._watch: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: Any = None) -> None:
-        self._loop = asyncio.get_running_loop()
-        await super().startup(sockets=sockets)
+        """uvicorn's startup for the sockets gymhost bound, accepting with ``Acceptor`` instead of
+        ``loop.create_server``."""
+        self._loop = loop = asyncio.get_running_loop()
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            raise SystemExit(3)  # uvicorn's STARTUP_FAILURE: the lifespan said why
+        config = self.config
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            protocol: asyncio.Protocol = config.http_protocol_class(
+                config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=_loop
+            )
+            return protocol
+
+        self.servers = [Acceptor(loop, sock, create_protocol) for sock in sockets or []]
+        for acceptor in self.servers:
+            acceptor.start()
+        if process_state.worker == 0:  # the host's counter: one process of a replica reads it
+            self._watch = loop.create_task(ListenWatch(self.backlog).run(), name="gymhost-listen-watch")
+        self.started = True
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        await super().shutdown(sockets=sockets)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         getattr(self, "_captured_signals", []).append(sig)  # uvicorn re-raises it once it has shut down
-        if self._draining or self._loop is None:
+        if self._draining or self._loop is None or process_state.orphaned:
             self.should_exit = True
-            self.force_exit = self._draining
+            self.force_exit = self._draining or process_state.orphaned
             return
         self._draining = True
         loop = self._loop

@@ -13,15 +13,16 @@ measure the forward).
 
 The supervisor restarts a worker that dies; the sessions it held are lost, and answered as such (410, or a masked
 ``session_lost`` verdict) by the new worker, whose start differs. SIGTERM or SIGINT reaches every worker, and each
-drains; a second one stops them at once. Workers die with the supervisor, SIGKILL included (``PR_SET_PDEATHSIG``):
-no process outlives the server that started it. Metrics are aggregated across workers by prometheus_client's
-multiprocess mode, in a folder the supervisor makes before any metric has a value.
+drains; a second one stops them at once. Workers die with the supervisor, SIGKILL included: the kernel signals them
+when it dies (``PR_SET_PDEATHSIG``, ``_process.follow_parent``) and, their supervisor gone, they stop at once rather
+than drain, so the port is free within seconds for the server an operator starts in its place. Metrics are
+aggregated across workers by prometheus_client's multiprocess mode, in a folder the supervisor makes before any
+metric has a value.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import secrets
@@ -45,7 +46,6 @@ __all__ = ["prepare_workers", "serve_workers"]
 
 logger = logging.getLogger("gymhost")
 
-_PR_SET_PDEATHSIG = 1
 _START_GRACE_S = 10.0  # a worker that exits sooner than this after its start failed to start
 _START_FAILURES = 3  # consecutive failed starts before the supervisor gives up
 
@@ -152,10 +152,7 @@ class _Supervisor:
 
     def _worker(self, index: int, parent: int) -> int:
         """In the forked worker: die with the supervisor, take an identity, listen for forwards, serve."""
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # the supervisor killed: drain, as on its SIGTERM
-        if os.getppid() != parent:
-            return 1
+        process_state.follow_parent(parent)  # the supervisor killed: stop at once, with nobody left to drain for
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)  # the ASGI server installs its own
         process_state.become_worker(index, str(self.folder))

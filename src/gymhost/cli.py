@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from ._accepting import backlog_warning, raise_open_files_limit
 from ._config import (
     DEFAULT_MAX_BODY_BYTES,
     NO_TOKEN,
@@ -194,6 +195,13 @@ def main() -> None:
 )
 @click.option("--uds", default=None, metavar="PATH", help="Listen on a Unix socket at PATH instead of --host/--port.")
 @click.option(
+    "--backlog",
+    default=ServeConfig.backlog,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Connections queued before they are accepted (a burst of connects; the kernel caps it at net.core.somaxconn).",
+)
+@click.option(
     "--root-path",
     default=ServeConfig.root_path,
     metavar="PREFIX",
@@ -221,6 +229,7 @@ def serve(
     graceful_timeout: int,
     venv: bool,
     uds: str | None,
+    backlog: int,
     root_path: str,
 ) -> None:
     """Serve the resources server in FOLDER (which may be '.').
@@ -245,6 +254,7 @@ def serve(
         drain_timeout=drain_timeout,
         log_format=log_format,  # type: ignore[arg-type]
         root_path=root_path.rstrip("/"),
+        backlog=backlog,
     )
     parent = os.environ.pop(PARENT_PID_ENV_VAR, None)
     if parent is not None:  # another gymhost process started this one (a gateway's process mount): die with it
@@ -272,7 +282,14 @@ def serve(
         overrides = _overrides(settings)
         if name is not None:
             overrides["name"] = name
-        sock = bind_unix_socket(uds) if uds is not None else bind_socket(config.host, config.port)
+        for said in raise_open_files_limit():  # before workers and instances start: they inherit it
+            click.echo(f"gymhost: {said}", err=said.startswith("WARNING"))
+        if (capped := backlog_warning(config.backlog)) is not None:
+            click.echo(f"gymhost: {capped}")
+        if uds is not None:
+            sock = bind_unix_socket(uds, config.backlog)
+        else:
+            sock = bind_socket(config.host, config.port, config.backlog)
         try:
             served_port = sock.getsockname()[1] if uds is None else None
             process_state.configure(replica=replica_id, port=served_port, advertise_url=advertise_url)

@@ -1,0 +1,125 @@
+"""Gym's stated load, and the limits of the machine: a server started with the usual open-files limit (soft 1024)
+sets itself up for thousands of connections at once, one whose hard limit is too low says so and drops nothing in
+silence, and workers whose supervisor is killed free the port within seconds.
+
+The bursts are what verifiers sends: every request on a connection of its own, all at once. They come from
+several loopback addresses (127.0.0.0/8 is this machine's), as a client that needs more than one address's
+ephemeral ports would send them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import signal
+import socket
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .processes import alive, children, free_port, gymhost_command, serving
+
+pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
+
+BURST = 4096
+
+
+async def burst(url: str, count: int, path: str, body: dict[str, object]) -> Counter[str]:
+    """``count`` POSTs at once, each on a connection of its own (``Connection: close``): each one's HTTP status, or
+    what went wrong with it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < count + 256:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    host, port = url.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+    ).encode() + payload
+    start = asyncio.Event()
+
+    async def one(index: int) -> str:
+        await start.wait()
+        source = (f"127.0.{index // 250 % 250}.{index % 250 + 2}", 0)
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, int(port), local_addr=source), timeout=120
+            )
+            writer.write(request)
+            await writer.drain()
+            answer = await asyncio.wait_for(reader.read(), timeout=120)
+            writer.close()
+        except (OSError, TimeoutError) as error:
+            return type(error).__name__
+        return answer.split(b" ", 2)[1].decode() if answer else "closed without an answer"
+
+    tasks = [asyncio.create_task(one(index)) for index in range(count)]
+    await asyncio.sleep(0.1)
+    start.set()
+    return Counter(await asyncio.gather(*tasks))
+
+
+def limited(soft: int, hard: int, command: list[str]) -> list[str]:
+    return ["prlimit", f"--nofile={soft}:{hard}", "--", *command]
+
+
+async def test_a_server_started_with_the_usual_limit_raises_it_and_answers_a_burst(gym_root: Path) -> None:
+    """Soft 1024 (a login's, a container's default): `gymhost serve` raises it to the hard limit and says so, then
+    answers 4,096 requests sent at once on 4,096 connections."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    command = limited(1024, hard, gymhost_command("serve", str(gym_root / "example_single_tool_call"), "--port", "0"))
+    with serving(command) as server:
+        statuses = await burst(server.url, BURST, "/get_weather", {"city": "Paris"})
+    assert statuses == Counter({"200": BURST}), statuses
+    assert f"open files limit raised from 1024 to {hard} (the hard limit)" in server.output, server.output
+
+
+async def test_a_hard_limit_too_low_is_said_and_no_connection_is_dropped_in_silence(gym_root: Path) -> None:
+    """Soft and hard 1024: the server says the limit is too low for the stated load; a burst of 3,000 connections
+    runs it out of descriptors, and it stops accepting for a moment instead of closing connections it cannot serve
+    (they wait in the kernel's listen queue): every request is answered, and the server says what happened and
+    counts it."""
+    command = limited(1024, 1024, gymhost_command("serve", str(gym_root / "example_single_tool_call"), "--port", "0"))
+    with serving(command) as server:
+        statuses = await burst(server.url, 3000, "/get_weather", {"city": "Paris"})
+        metrics = httpx.get(f"{server.url}/metrics").text
+    assert statuses == Counter({"200": 3000}), statuses
+    assert "WARNING: this process may open only 1024 files" in server.output, server.output
+    assert "cannot accept connections: this process has reached its limit of 1024 open files" in server.output
+    refused = [
+        line for line in metrics.splitlines() if line.startswith('gymhost_accept_errors_total{reason="descriptors"}')
+    ]
+    assert refused, metrics
+    assert float(refused[0].rsplit(" ", 1)[1]) > 0
+
+
+async def test_workers_whose_supervisor_is_killed_stop_at_once_and_free_the_port(
+    gym_root: Path, tmp_path: Path
+) -> None:
+    """SIGKILL of the supervisor of two workers, with an episode open (a drain would wait for it): the workers stop
+    within seconds, without draining for nobody, and the port is free for the server an operator starts next."""
+    from gymhost.agentenv import awrite_folder
+
+    from .agentenv_helpers import GRIDSIM, rows
+
+    folder = (await awrite_folder(str(GRIDSIM), tmp_path / "root", mode="in-process", instances=2)).path
+    port = free_port()
+    command = gymhost_command("serve", str(folder), "--port", str(port), "--workers", "2", "--drain-timeout", "120")
+    with serving(command, env={"GYMHOST_SECRET": "workers"}) as server:
+        workers = children(server.process.pid)
+        assert len(workers) == 2, workers
+        row = rows(folder)[0]
+        assert httpx.post(f"{server.url}/seed_session", json=row).status_code == 200  # an open episode
+        os.kill(server.process.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert not any(alive(pid) for pid in workers), "workers outlived their supervisor"
+    with socket.socket() as again:
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("127.0.0.1", port))  # free: a new server can take it
