@@ -27,7 +27,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test lint typecheck test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick clean check-pythons
+.PHONY: test lint typecheck test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load clean check-pythons
 
 check-pythons:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -111,8 +111,8 @@ test: lint typecheck test-unit test-gym04 test-gym07 test-replay test-soak test-
 
 # The task format's JSON Schema is generated from its models; a unit test keeps the committed file current.
 schema: .venv/.installed
-	.venv/bin/python -c 'import json, gymhost.agentenv as a; print(json.dumps(a.task_schema(), indent=2))' \
-		> src/gymhost/agentenv/task.schema.json
+	.venv/bin/python -c 'import json, gymhost.environments as a; print(json.dumps(a.task_schema(), indent=2))' \
+		> src/gymhost/environments/task.schema.json
 
 demo: .venv-gym04/.installed
 	.venv-gym04/bin/python examples/demo.py
@@ -127,6 +127,10 @@ bench-quick: .venv-gym07/.installed .venv-openenv/.installed
 	@command -v wrk >/dev/null || apt-get install -y -q wrk
 	@command -v haproxy >/dev/null || apt-get install -y -q haproxy
 	cd benchmarks && ../.venv-gym07/bin/python run.py --quick
+
+# The load section alone (Gym's stated concurrency: bursts of 4,096 to 65,536 connections), into its own results.
+bench-load: .venv-gym07/.installed
+	cd benchmarks && ../.venv-gym07/bin/python run.py --only load
 
 clean:
 	rm -rf .venv .venv-gym04 .venv-gym07 .venv-openenv .venv-agentenv .venv-verifiers .pytest_cache .mypy_cache .ruff_cache

@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 START, END = "<!-- results:start -->", "<!-- results:end -->"
+# The load section has a block of its own: `run.py --only load` reruns it alone (a full run writes it too).
+LOAD_START, LOAD_END = "<!-- load:start -->", "<!-- load:end -->"
 NAMES = {
     "bare_starlette": "(a) bare Starlette endpoint (limit)",
     "plain_fastapi": "plain FastAPI route, same models, no middleware (FastAPI's floor)",
@@ -180,6 +182,59 @@ def openenv_tables(bridged: dict[str, Any] | None, ratio: dict[str, Any] | None)
     return lines
 
 
+def load_tables(results: dict[str, Any], source: str) -> str:
+    load = results["load"]
+    m = results["machine"]
+    lines = [
+        f"Run of {results['date']}{' (quick)' if results.get('quick') else ''}: {m['cores']} cores ({m['cpu']}), "
+        f"{m['memory_gb']} GiB, Python {m['python']}. Raw numbers: [{source}]({source}).",
+        "",
+        "**Gym's stated load**: bursts of concurrent requests started at once, each on a connection of its own (as"
+        " verifiers opens one per call; the client spreads them over loopback source addresses), and keep-alive"
+        f" connections ({load['keep_alive_connections']:,} of them, 4 requests each); `POST /get_weather` on"
+        " example_single_tool_call, and whole gridsim episodes (seed, 2 tool calls, verify, each request on a new"
+        " connection; in-process instances). Every server is started under `prlimit"
+        f" --nofile=1024:{load['hard_limit']}` (the usual soft limit, and the highest hard one this machine allows a"
+        " process: each server raises its own soft limit), then under 1024:1024, which none can raise; a burst"
+        f" larger than one client process may hold is sent by several (`client processes`):",
+        "",
+        "| server | load | answered 200 | failed (kind: count) | counted by the server | wall s | p50 / p99 ms |"
+        " peak MB (idle) | peak descriptors (idle) | client processes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in load["runs"]:
+        failed = {kind: n for kind, n in run["outcomes"].items() if kind != "200"}
+        failures = ", ".join(f"{kind}: {n:,}" for kind, n in sorted(failed.items())) or "none"
+        unit = "connections" if run["mode"] == "keep-alive" else "at once"
+        lines.append(
+            f"| {run['server']} | {run['size']:,} {unit}, {run['mode']} | {run['ok']:,} of {run['requests']:,} |"
+            f" {failures} | {_counted(run.get('counted_by_the_server'))} | {run['wall_s']} |"
+            f" {run['p50_ms']} / {run['p99_ms']} |"
+            f" {run['peak_rss_mb']} ({run['idle_rss_mb']}) | {run['peak_fds']:,} ({run['idle_fds']}) |"
+            f" {run['client_processes']} |"
+        )
+    held = [r for r in load["runs"] if r["mode"] == "keep-alive" and r["server"] == "gymhost"]
+    if held:
+        run = held[0]
+        per_kb = (run["peak_rss_mb"] - run["idle_rss_mb"]) * 1024 / run["size"]
+        per_fd = (run["peak_fds"] - run["idle_fds"]) / run["size"]
+        lines += [
+            "",
+            f"An open connection costs gymhost about {per_kb:.1f} KB and {per_fd:.2f} descriptors (peak over idle,"
+            f" across {run['size']:,} keep-alive connections open at once); an open episode's memory, its in-process"
+            " instance included, is in the benchmarks' open-episodes table; an in-process episode holds no descriptor"
+            " of its own.",
+        ]
+    return "\n".join(lines)
+
+
+def _counted(counted: dict[str, float] | None) -> str:
+    """The server's own count of connections it could not take, by metric (without the ``gymhost_`` prefix)."""
+    if counted is None:
+        return "(no such metrics)"
+    return ", ".join(f"{name.removeprefix('gymhost_')}: {value:,.0f}" for name, value in sorted(counted.items()))
+
+
 def scale_tables(scale: dict[str, Any] | None) -> list[str]:
     if not scale:
         return []
@@ -256,10 +311,22 @@ def scale_out_tables(out: dict[str, Any] | None) -> list[str]:
 
 
 def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
+    """The tables of a full run between the results markers, and its load section (when it has one) between the
+    load markers; a run of the load section alone (no ``tool_calls``) rewrites only the latter."""
     text = readme.read_text()
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    readme.write_text(f"{head}{START}\n{tables(results, source)}\n{END}{tail}")
+    if "tool_calls" in results:
+        text = _replace(text, START, END, tables(results, source))
+    if "load" in results:
+        text = _replace(text, LOAD_START, LOAD_END, load_tables(results, source))
+    readme.write_text(text)
+
+
+def _replace(text: str, start: str, end: str, block: str) -> str:
+    head, found, rest = text.partition(start)
+    if not found:
+        raise ValueError(f"no {start} marker")
+    _, _, tail = rest.partition(end)
+    return f"{head}{start}\n{block}\n{end}{tail}"
 
 
 def write_plot(results: dict[str, Any], path: Path) -> None:

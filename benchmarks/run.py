@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -38,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,11 +64,11 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def server(command: list[str], url: str, *, cwd: Path | None = None, env: dict[str, str] | None = None,
-           ready: str = "/") -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
+           ready: str = "/", startup_s: float = 180) -> Iterator[subprocess.Popen[bytes]]:  # fmt: skip
     process = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise RuntimeError(f"{command} exited with {process.returncode}")
@@ -188,7 +190,7 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def write_gridsim(root: Path, instances: int | str | None, mode: str = "in-process") -> Path:
     """gridsim written as `gymhost write` writes it; ``instances`` None takes the mode's default (elastic)."""
-    from gymhost.agentenv import write_folder
+    from gymhost.environments import write_folder
 
     return write_folder(str(REPO / "examples" / "gridsim_v1"), root, mode=mode, instances=instances).path
 
@@ -245,7 +247,7 @@ OPENENV_SESSIONS = 16
 def openenv_bridge(root: Path, scale: float) -> dict[str, Any]:
     """An OpenEnv server's tool call (``look``) through its written gymhost server, in episodes of 40 calls, against
     the same call made straight over its /ws by the same number of sessions: the OpenEnv bridge's overhead."""
-    from gymhost.agentenv import write_folder
+    from gymhost.environments import write_folder
 
     port, env_port = free_port(), free_port()
     url, env_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{env_port}"
@@ -470,18 +472,67 @@ def tree(pid: int) -> list[int]:
     return found
 
 
-def burst(url: str, pid: int, requests: int, *args: str) -> dict[str, Any]:
+HARD_NOFILE = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # the most descriptors one process here may have
+# A burst.py process holds one descriptor per open connection: a burst beyond one process's limit is split.
+_CLIENT_CONNECTIONS = HARD_NOFILE - 1024
+
+
+def burst(url: str, pid: int, requests: int, *args: str, keep_alive: int = 0) -> dict[str, Any]:
+    """``requests`` connections at once from as many burst.py processes as the descriptor limit needs, started at
+    the same instant; their outcomes and latencies added up, with the server tree's peak memory and descriptors."""
     idle_rss = sum(resident_mb(p) for p in [pid, *tree(pid)])
     idle_fds = sum(len(os.listdir(f"/proc/{p}/fd")) for p in [pid, *tree(pid)])
+    clients = -(-requests // _CLIENT_CONNECTIONS)
+    shares = [requests // clients + (index < requests % clients) for index in range(clients)]
+    start_at = time.time() + 2.0 + 0.5 * clients  # every client connected up and waiting
+    extra = [*args, *(["--keep-alive", str(keep_alive)] if keep_alive else [])]
     with Sampler(pid) as sampled:
-        done = subprocess.run([PYTHON, str(HERE / "burst.py"), url, "--requests", str(requests), *args],
-                              capture_output=True, text=True, timeout=1800)  # fmt: skip
-    if done.returncode != 0:
-        raise RuntimeError(f"burst.py failed: {done.stderr[-2000:]}")
-    result: dict[str, Any] = json.loads(done.stdout)
-    result.update(idle_rss_mb=round(idle_rss, 1), peak_rss_mb=round(sampled.peak_rss_mb, 1),
-                  idle_fds=idle_fds, peak_fds=int(sampled.peak_fds))  # fmt: skip
-    return result
+        commands = [
+            [
+                PYTHON,
+                str(HERE / "burst.py"),
+                url,
+                "--requests",
+                str(share),
+                "--first",
+                str(sum(shares[:index])),
+                "--start-at",
+                str(start_at),
+                *extra,
+            ]
+            for index, share in enumerate(shares)
+        ]
+        running = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
+        finished = [process.communicate(timeout=1800) for process in running]
+    outcomes: Counter[str] = Counter()
+    latencies: list[float] = []
+    walls = []
+    for process, (out, err) in zip(running, finished, strict=True):
+        if process.returncode != 0:
+            raise RuntimeError(f"burst.py failed: {err[-2000:]}")
+        one = json.loads(out)
+        outcomes.update(one["outcomes"])
+        latencies += one["latencies_ms"]
+        walls.append(one["wall_s"])
+    latencies.sort()
+
+    def at(share: float) -> float | None:
+        return latencies[min(len(latencies) - 1, int(share * len(latencies)))] if latencies else None
+
+    return {
+        "requests": sum(outcomes.values()),
+        "answered": sum(count for outcome, count in outcomes.items() if outcome.isdigit()),
+        "ok": outcomes.get("200", 0),
+        "outcomes": dict(outcomes),
+        "wall_s": max(walls),
+        "p50_ms": at(0.5),
+        "p99_ms": at(0.99),
+        "client_processes": clients,
+        "idle_rss_mb": round(idle_rss, 1),
+        "peak_rss_mb": round(sampled.peak_rss_mb, 1),
+        "idle_fds": idle_fds,
+        "peak_fds": int(sampled.peak_fds),
+    }
 
 
 Launch = tuple[list[str], dict[str, str], Path | None, str]  # command, environment, working directory, URL
@@ -494,16 +545,28 @@ def load(root: Path, quick: bool) -> dict[str, Any]:
     limit of 1024, which no server can raise; and whole episodes of the written gridsim server."""
     sizes = (1024, 4096) if quick else (4096, 16384, 65536)
     keep_alive = sizes[-2]
-    usual = ["prlimit", "--nofile=1024:1048576", "--"]
+    # The usual soft limit, and the highest hard one this machine gives (a container without CAP_SYS_RESOURCE
+    # cannot raise its hard limit).
+    usual = ["prlimit", f"--nofile=1024:{HARD_NOFILE}", "--"]
     low = ["prlimit", "--nofile=1024:1024", "--"]
-    results: dict[str, Any] = {"sizes": list(sizes), "keep_alive_connections": keep_alive, "runs": []}
+    results: dict[str, Any] = {"sizes": list(sizes), "keep_alive_connections": keep_alive, "runs": [],
+                               "hard_limit": HARD_NOFILE}  # fmt: skip
 
     def run(label: str, launch: Launch, plan: list[tuple[str, int, list[str]]]) -> None:
         command, env, cwd, url = launch
-        with server(command, url, cwd=cwd, env=env) as process:
+        began = time.monotonic()
+        with server(command, url, cwd=cwd, env=env, startup_s=900) as process:  # a pool of 16,384 takes a while
+            startup_s = round(time.monotonic() - began, 1)
             for mode, size, extra in plan:
-                measured = burst(url, process.pid, size, *extra)
-                measured.update(server=label, mode=mode, size=size)
+                before = refusals(url)
+                measured = burst(url, process.pid, size, *extra, keep_alive=4 if mode == "keep-alive" else 0)
+                after = refusals(url)
+                measured["counted_by_the_server"] = (
+                    {name: after[name] - before.get(name, 0) for name in after}
+                    if after is not None and before is not None
+                    else None
+                )
+                measured.update(server=label, mode=mode, size=size, startup_s=startup_s)
                 results["runs"].append(measured)
                 print(
                     f"  {label}, {mode}, {size}: {measured['ok']}/{measured['requests']} answered 200 in "
@@ -514,7 +577,7 @@ def load(root: Path, quick: bool) -> dict[str, Any]:
     for limit, plan in (
         (
             usual,
-            [("a connection each", size, []) for size in sizes] + [("keep-alive", keep_alive, ["--keep-alive", "4"])],
+            [("a connection each", size, []) for size in sizes] + [("keep-alive", keep_alive, [])],
         ),
         (low, [("a connection each, hard limit 1024", sizes[0], [])]),
     ):
@@ -523,13 +586,32 @@ def load(root: Path, quick: bool) -> dict[str, Any]:
                 continue
             run(label, launch, plan)
     for size in sizes[:2]:
-        folder = write_gridsim(root / f"load-{size}", instances=f"4:{size + 64}")
+        # A pool as large as the load (the cold start of a pool is the scale section's): what is measured is serving.
+        folder = write_gridsim(root / f"load-{size}", instances=size)
         rows = ["--episodes", str(folder / "data" / "eval.jsonl")]
         for label, extra in (("gymhost", []), ("gymhost --workers 2", ["--workers", "2"])):
             port = free_port()
             launch = ([*usual, *gymhost_serve(folder, port), *extra], {"GYMHOST_SECRET": "bench"}, None, url_at(port))
             run(f"{label}, gridsim episodes", launch, [("episodes, a connection each request", size, rows)])
     return results
+
+
+_REFUSALS = ("gymhost_accept_errors_total", "gymhost_listen_overflows_total")
+
+
+def refusals(url: str) -> dict[str, float] | None:
+    """What a gymhost server counted of the connections it could not take (accept errors, kernel listen-queue
+    overflows) from its /metrics; None for a server without them (Gym's launcher)."""
+    try:
+        text = httpx.get(f"{url}/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return None
+    found = {name: 0.0 for name in _REFUSALS if name in text}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in found and not line.startswith("#"):
+            found[name] += float(line.rsplit(" ", 1)[1])
+    return found or None
 
 
 def tool_call_servers(limit: list[str]) -> dict[str, Launch]:
@@ -559,7 +641,8 @@ def machine() -> dict[str, Any]:
     for package in PACKAGES:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[package] = importlib.metadata.version(package)
-    wrk_version = subprocess.run(["wrk", "-v"], capture_output=True, text=True).stdout.split("\n")[0]
+    wrk = shutil.which("wrk")  # the load section alone does not need it
+    wrk_version = subprocess.run([wrk, "-v"], capture_output=True, text=True).stdout.split("\n")[0] if wrk else None
     return {"cores": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "os": platform.platform(),
             "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
             "packages": versions, "wrk": wrk_version}  # fmt: skip
@@ -608,11 +691,15 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="short measurements, for checking the harness")
-    parser.add_argument("--only", choices=["load"], help="one section alone, printed and not written")
+    parser.add_argument("--only", choices=["load"], help="one section alone, written to results/<date>-load.json")
     args = parser.parse_args()
     if args.only == "load":
+        alone: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+                                 "machine": machine(), "quick": args.quick}  # fmt: skip
         with tempfile.TemporaryDirectory(prefix="gymhost-bench-") as scratch:
-            print(json.dumps(load(Path(scratch), args.quick), indent=2))
+            print("load (Gym's stated concurrency):")
+            alone["load"] = load(Path(scratch), args.quick)
+        write_results(alone, alone["date"][:10] + ("-load-quick" if args.quick else "-load"))
         return
     if shutil.which("wrk") is None:
         raise SystemExit("bench: wrk is not installed (Debian: apt-get install wrk); `make bench` installs it")
@@ -637,14 +724,19 @@ def main() -> None:
         print("load (Gym's stated concurrency):")
         results["load"] = load(Path(scratch), args.quick)
     results["ratios"] = ratios(results)
-    stamp = results["date"][:10] + ("-quick" if args.quick else "")
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / f"{stamp}.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_results(results, results["date"][:10] + ("-quick" if args.quick else ""))
+    print(json.dumps(results["ratios"], indent=2))
+
+
+def write_results(results: dict[str, Any], stamp: str) -> None:
+    """``results/<stamp>.json``, and the README's tables (and a full run's plot) rendered from it."""
     from report import update_readme, write_plot
 
-    write_plot(results, HERE / "concurrency.svg")
+    (HERE / "results").mkdir(exist_ok=True)
+    (HERE / "results" / f"{stamp}.json").write_text(json.dumps(results, indent=2) + "\n")
+    if "concurrency" in results:
+        write_plot(results, HERE / "concurrency.svg")
     update_readme(results, HERE / "README.md", f"results/{stamp}.json")
-    print(json.dumps(results["ratios"], indent=2))
 
 
 if __name__ == "__main__":

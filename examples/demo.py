@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from gymhost import EpisodeClient
-from gymhost.agentenv import Task, awrite_folder, load_tasks
+from gymhost.environments import Task, awrite_folder, load_tasks
 
 BUNDLE = Path(__file__).resolve().parent / "gridsim_v1"
 

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from gymhost import EpisodeClient
-from gymhost.agentenv import awrite_folder, write_folder
+from gymhost.environments import awrite_folder, write_folder
 
 from .verdicts import REFUSAL_STATUSES, carries_mask, read_verdict
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from gymhost import EpisodeClient
-from gymhost.agentenv import write_folder
+from gymhost.environments import write_folder
 
 from .agentenv_helpers import COUNTER_TASK, make_bundle, rows, served
 from .processes import gymhost_command, run_to_completion, serving

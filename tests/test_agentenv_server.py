@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from gymhost import EpisodeClient, create_app
-from gymhost.agentenv import Task, awrite_folder, load_tasks, write_folder
+from gymhost.environments import Task, awrite_folder, load_tasks, write_folder
 
 from .agentenv_helpers import GRIDSIM, environment_process, pool_status, rows, served
 from .processes import alive, assert_stopped_cleanly, gymhost_command, run_to_completion, serving
@@ -105,6 +105,19 @@ async def test_a_wrong_play_scores_zero_unmasked(folder: Path) -> None:
         answer = await play(BASE, row_for(folder, "maze"), right=False, transport=transport)
         assert answer["reward"] == 0.0
         assert [c["id"] for c in answer["criteria"] if c["score"] < 1] == ["at-goal"]
+
+
+async def test_a_folder_written_before_gymhost_environments_still_serves(tmp_path: Path) -> None:
+    """Folders written by earlier gymhost import ``gymhost.agentenv.AgentEnvResourcesServer`` in their app.py: that
+    path stays, and such a folder plays as a new one does."""
+    folder = (await awrite_folder(str(GRIDSIM), tmp_path, mode="in_process")).path
+    app_py = folder / "app.py"
+    old = app_py.read_text().replace("from gymhost.environments import", "from gymhost.agentenv import")
+    assert "from gymhost.agentenv import AgentEnvResourcesServer" in old
+    app_py.write_text(old)
+    async with served(folder) as transport:
+        answer = await play(BASE, row_for(folder, "maze"), transport=transport)
+    assert (answer["reward"], answer["mask_sample"]) == (1.0, False)
 
 
 async def test_tool_errors_are_outputs_for_the_model(folder: Path) -> None:
@@ -337,7 +350,7 @@ async def test_the_url_source_against_separately_started_environments(tmp_path: 
 
 
 async def test_startup_refuses_another_environment(folder: Path) -> None:
-    from gymhost.agentenv import StartupError
+    from gymhost.environments import StartupError
 
     app = create_app(folder, environment="mailbox")
     with pytest.raises(StartupError, match=r"the environment is 'gridsim', but this server was written for 'mailbox'"):

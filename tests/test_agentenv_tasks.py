@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from gymhost.agentenv import TaskError, load_tasks, task_schema
-from gymhost.agentenv._grading import evaluate, extension_score, merge_state, resolve_pointer
-from gymhost.agentenv._tasks import ExtensionCriterion, Grading
+from gymhost.environments import TaskError, load_tasks, task_schema
+from gymhost.environments._grading import evaluate, extension_score, merge_state, resolve_pointer
+from gymhost.environments._tasks import ExtensionCriterion, Grading
 
 from .conftest import REPO
 
@@ -105,7 +105,7 @@ def test_an_empty_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_committed_schema_is_the_generated_one() -> None:
-    committed = json.loads((REPO / "src/gymhost/agentenv/task.schema.json").read_text())
+    committed = json.loads((REPO / "src/gymhost/environments/task.schema.json").read_text())
     assert committed == task_schema(), "regenerate it with: make schema"
 
 

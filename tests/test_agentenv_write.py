@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gymhost.agentenv import CatalogError, SourceError, TaskError, WriteError, write_folder
+from gymhost.environments import CatalogError, SourceError, TaskError, WriteError, write_folder
 
 from .agentenv_helpers import COUNTER_TASK, GRIDSIM, copy_gridsim, environment_process, make_bundle, rows
 from .conftest import REPO

@@ -25,7 +25,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gymhost import EpisodeClient
-from gymhost.agentenv import Task, load_tasks, write_folder
+from gymhost.environments import Task, load_tasks, write_folder
 
 from .agentenv_helpers import GRIDSIM, rows
 from .conftest import REPO

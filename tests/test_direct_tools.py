@@ -16,11 +16,12 @@ from typing import Any
 
 import pytest
 
-from gymhost.agentenv._config import PoolSettings
-from gymhost.agentenv._direct import DirectToolSession
-from gymhost.agentenv._env_client import EnvClient, McpSession
-from gymhost.agentenv._exceptions import EnvTimeoutError, McpSessionError
-from gymhost.agentenv._launchers import InProcessLauncher, Instance
+from gymhost.environments._agentenv._client import EnvClient, McpSession
+from gymhost.environments._agentenv._direct import DirectToolSession
+from gymhost.environments._agentenv._launchers import InProcessLauncher
+from gymhost.environments._backend import Catalog, Instance
+from gymhost.environments._errors import EnvTimeoutError, McpSessionError
+from gymhost.environments._settings import PoolSettings
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -151,19 +152,19 @@ async def probe(tmp_path: Path) -> AsyncIterator[Instance]:
 
 def over_http(instance: Instance, role: str | None, timeout: float = 30.0) -> McpSession:
     """The instance's tools over MCP's streamable HTTP, as a process instance is reached."""
-    session = EnvClient.tool_session(instance.client, {}, role=role, timeout=timeout)
+    session = EnvClient.tool_session(instance.client, Catalog("probe"), role=role, timeout=timeout)
     assert isinstance(session, McpSession)
     return session
 
 
 def direct(instance: Instance, role: str | None, timeout: float = 30.0) -> DirectToolSession:
-    session = instance.client.tool_session({}, role=role, timeout=timeout)
+    session = instance.client.tool_session(Catalog("probe"), role=role, timeout=timeout)
     assert isinstance(session, DirectToolSession)
     return session
 
 
 async def play(instance: Instance, session: Any) -> dict[str, Any]:
-    await instance.client.reset()
+    await instance.client.clear()
     await session.open()
     answers = []
     for name, arguments in CALLS:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from gymhost import EpisodeClient
-from gymhost.agentenv import awrite_folder
+from gymhost.environments import awrite_folder
 
 from .agentenv_helpers import COUNTER_ENV, make_bundle, pool_status, rows, served
 from .processes import alive, children, parent

@@ -11,8 +11,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gymhost.agentenv._env_client import EnvClient
-from gymhost.agentenv._exceptions import DataPlaneError, MalformedReplyError
+from gymhost.environments._agentenv._client import EnvClient
+from gymhost.environments._errors import DataPlaneError, MalformedReplyError
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -38,11 +38,11 @@ def answering(reply: Any, status: int = 200) -> EnvClient:
 )
 async def test_a_reply_that_is_not_json_rpc_says_the_instance_is_broken(reply: Any) -> None:
     with pytest.raises(MalformedReplyError):
-        await answering(reply).reset()
+        await answering(reply).clear()
 
 
 async def test_an_error_the_protocol_carries_is_the_environments_answer_not_a_broken_instance() -> None:
     refused = {"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "bad seed"}}
     with pytest.raises(DataPlaneError, match="bad seed") as raised:
-        await answering(refused).reset()
+        await answering(refused).clear()
     assert not isinstance(raised.value, MalformedReplyError)

@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gymhost import ToolOutput, Transcript, create_app
-from gymhost.agentenv import awrite_folder
+from gymhost.environments import awrite_folder
 
 from .agentenv_helpers import make_bundle, rows
 from .fuzz_helpers import (

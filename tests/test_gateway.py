@@ -17,7 +17,7 @@ import pytest
 from starlette.routing import Mount
 
 from gymhost import GatewayError, create_app, create_gateway, load_app, mounted_lifespan
-from gymhost.agentenv import Task, load_tasks, write_folder
+from gymhost.environments import Task, load_tasks, write_folder
 
 from .agentenv_helpers import GRIDSIM, rows
 from .conftest import REPO

@@ -116,5 +116,5 @@ def test_serve_beyond_loopback_without_a_token_warns_loudly(gym_root: Path) -> N
     quiet = run_to_completion(
         gymhost_command("serve", str(gym_root / EXAMPLE), "--host", "192.0.2.1", "--token", TOKEN)
     )
-    assert "WARNING" not in quiet.stderr
+    assert "with no token" not in quiet.stderr  # (this machine's open-files limit may still be warned about)
     assert TOKEN not in quiet.stdout + quiet.stderr

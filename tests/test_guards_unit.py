@@ -14,7 +14,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Mount, Route
 
 from gymhost import NO_TOKEN, ServeError
-from gymhost.middleware.auth import BearerTokenMiddleware, resolve_token
+from gymhost._config import resolve_token
+from gymhost.middleware.auth import BearerTokenMiddleware
 from gymhost.middleware.request_guard import RequestGuardMiddleware, json_problem
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]

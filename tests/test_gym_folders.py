@@ -18,7 +18,7 @@ from starlette.routing import Route
 
 from gymhost import create_app, create_gateway
 from gymhost._exceptions import FolderError
-from gymhost._lifespan_runner import running_lifespan
+from gymhost._hosting._lifespan import running_lifespan
 
 from .processes import assert_stopped_cleanly, gymhost_command, serving, uvicorn_in_a_thread
 
@@ -164,8 +164,8 @@ def test_gyms_servers_that_read_files_of_their_folder_build_from_anywhere(
     if not (gym_root / name).is_dir():
         assert (name, gym_version) == ("gdp_pdf", (0, 4)), f"{name} is published in every supported version but 0.4.0"
         return
-    from gymhost._folder import load_server_spec
-    from gymhost._server_client import referenced_servers
+    from gymhost._hosting._folder import load_server_spec
+    from gymhost._hosting._server_client import referenced_servers
 
     monkeypatch.chdir(tmp_path)
     folder = gym_root / name

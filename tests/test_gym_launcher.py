@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gymhost.agentenv import write_folder
+from gymhost.environments import write_folder
 
 from .agentenv_helpers import GRIDSIM
 from .processes import free_port, serving

@@ -103,7 +103,7 @@ async def test_workers_whose_supervisor_is_killed_stop_at_once_and_free_the_port
 ) -> None:
     """SIGKILL of the supervisor of two workers, with an episode open (a drain would wait for it): the workers stop
     within seconds, without draining for nobody, and the port is free for the server an operator starts next."""
-    from gymhost.agentenv import awrite_folder
+    from gymhost.environments import awrite_folder
 
     from .agentenv_helpers import GRIDSIM, rows
 

@@ -31,10 +31,11 @@ def test_the_stack_is_the_documented_one(gym_root: Path, gym_version: tuple[int,
     app = create_app(gym_root / EXAMPLE, token=TOKEN)
     ours = ["HttpMetricsMiddleware", "BearerTokenMiddleware", "RequestGuardMiddleware"]
     if gym_version >= (0, 5):
-        gyms = ["DisconnectCancellationMiddleware", "ExceptionMiddleware", "MountedRolloutContextMiddleware"]
+        gyms = ["DisconnectCancellationMiddleware", "GymErrorsMiddleware", "MountedRolloutContextMiddleware"]
     else:
-        gyms = ["ExceptionMiddleware"]
-    expected = ours + gyms + ["SessionMiddleware", "SessionOwnershipMiddleware"]
+        gyms = ["GymErrorsMiddleware"]
+    episodes = ["DrainingMiddleware", "SessionOwnershipMiddleware", "EpisodeTrackingMiddleware"]
+    expected = ours + gyms + ["GymSessionMiddleware", *episodes]
     assert [m.cls.__name__ for m in app.user_middleware] == expected
     # Starlette and FastAPI put their own layers around the user's (error pages, telemetry) and below them (the
     # exception handlers): gymhost's run together, in the documented order.

@@ -8,26 +8,29 @@ from typing import Any
 
 import pytest
 
-from gymhost.agentenv import CatalogError, SourceError, Task
-from gymhost.agentenv._catalog import check_tasks
-from gymhost.agentenv._config import PoolSettings
-from gymhost.agentenv._exceptions import EnvFailedError
-from gymhost.agentenv._grading import evaluate
-from gymhost.agentenv._openenv import (
+from gymhost.environments import CatalogError, SourceError, Task
+from gymhost.environments._agentenv._backends import BUNDLE
+from gymhost.environments._backend import Catalog
+from gymhost.environments._catalog import check_tasks
+from gymhost.environments._errors import EnvFailedError
+from gymhost.environments._grading import evaluate
+from gymhost.environments._openenv._backends import OPENENV
+from gymhost.environments._openenv._client import (
     OpenEnvClient,
     OpenEnvLauncher,
     _observation_result,
     _Tally,
     environment_error,
-    openenv_card,
+    openenv_catalog,
 )
-from gymhost.agentenv._openenv_tasks import _converted
-from gymhost.agentenv._outcomes import classify
+from gymhost.environments._openenv._tasks import _converted
+from gymhost.environments._outcomes import classify
+from gymhost.environments._settings import PoolSettings
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
-CARD = openenv_card("sums", [{"name": "look", "description": "", "input_schema": {"type": "object"}}])
-CARD_WITH_END_TURN = openenv_card("quiz", [{"name": "end_turn", "input_schema": {"type": "object"}}])
+CARD = openenv_catalog("sums", [{"name": "look", "description": "", "input_schema": {"type": "object"}}])
+CARD_WITH_END_TURN = openenv_catalog("quiz", [{"name": "end_turn", "input_schema": {"type": "object"}}])
 
 
 class Resets:
@@ -269,18 +272,18 @@ def test_an_environment_criterion_stands_alone() -> None:
 
 
 def test_tasks_are_seeded_and_graded_the_way_their_protocol_can() -> None:
-    check_tasks({"t": [openenv_task()]}, CARD, ["look"], [])
-    agentenv_card = {"name": "counter", "capabilities": {"tools": [{"name": "look"}]}}
+    check_tasks({"t": [openenv_task()]}, CARD, OPENENV.check_task)
+    agentenv_card = Catalog("counter", ({"name": "look"},))
     with pytest.raises(CatalogError, match=r"seed\.reset is for OpenEnv environments"):
-        check_tasks({"t": [openenv_task()]}, agentenv_card, ["look"], [])
+        check_tasks({"t": [openenv_task()]}, agentenv_card, BUNDLE.check_task)
     no_reset = Task.model_validate({**openenv_task().model_dump(), "seed": {}})
     with pytest.raises(CatalogError, match=r"an OpenEnv task is seeded by seed\.reset"):
-        check_tasks({"t": [no_reset]}, CARD, ["look"], [])
+        check_tasks({"t": [no_reset]}, CARD, OPENENV.check_task)
     by_state = Task.model_validate(
         {**openenv_task().model_dump(), "grading": {"criteria": [{"kind": "state", "path": "/x", "equals": 1}]}}
     )
     with pytest.raises(CatalogError, match="a state criterion needs the agentenv data plane"):
-        check_tasks({"t": [by_state]}, CARD, ["look"], [])
+        check_tasks({"t": [by_state]}, CARD, OPENENV.check_task)
 
 
 def openenv_task() -> Task:

@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gymhost import EpisodeClient
-from gymhost.agentenv import awrite_folder, write_folder
+from gymhost.environments import awrite_folder, write_folder
 
 from .agentenv_helpers import COUNTER_TASK, make_bundle, rows
 from .fault_helpers import awrite_faulty

@@ -54,7 +54,7 @@ _asyncio.run(_check())
 def test_the_mounting_examples_serve_every_mount(
     gym_root: Path, tmp_path: Path, marker: str, prefixes: list[str]
 ) -> None:
-    from gymhost.agentenv import write_folder
+    from gymhost.environments import write_folder
 
     (block,) = [b for b in python_blocks() if marker in b]
     written = write_folder(str(REPO / "examples" / "gridsim_v1"), tmp_path / "root").path

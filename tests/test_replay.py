@@ -33,7 +33,7 @@ import httpx
 import pytest
 
 from gymhost import create_app
-from gymhost._lifespan_runner import running_lifespan
+from gymhost._hosting._lifespan import running_lifespan
 
 from .conftest import REPO
 from .processes import alive, assert_stopped_cleanly, children, free_port, gymhost_command, serving
@@ -251,7 +251,7 @@ async def under_gym_launcher(folder: Path) -> list[Replayed]:
     ``NEMO_GYM_CONFIG_DICT``, as ``gym env start`` runs it once its venv exists."""
     from omegaconf import OmegaConf
 
-    from gymhost._folder import load_server_spec
+    from gymhost._hosting._folder import load_server_spec
 
     spec = load_server_spec(folder)
     port = free_port()

@@ -13,18 +13,20 @@ from typing import Any
 import pytest
 from agentenv_protocol import ToolResult
 
-from gymhost.agentenv import Task
-from gymhost.agentenv._config import EpisodeSettings
-from gymhost.agentenv._exceptions import EnvDroppedError, EpisodeStateError, PoolExhaustedError, SessionConflictError
-from gymhost.agentenv._grading import Outcome, evaluate
-from gymhost.agentenv._outcomes import Failure, breaks_instance
-from gymhost.agentenv._runtime import Runtime
+from gymhost.environments import Task
+from gymhost.environments._agentenv._backends import BUNDLE
+from gymhost.environments._backend import Catalog
+from gymhost.environments._episodes import Episodes
+from gymhost.environments._errors import EnvDroppedError, EpisodeStateError, PoolExhaustedError, SessionConflictError
+from gymhost.environments._grading import Outcome, evaluate
+from gymhost.environments._outcomes import Failure, breaks_instance
+from gymhost.environments._settings import EpisodeSettings
 
 from .agentenv_helpers import COUNTER_TASK
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
-CARD = {"name": "counter", "capabilities": {"tools": [{"name": "increment"}]}}
+CATALOG = Catalog("counter", ({"name": "increment"},))
 TASK = Task.model_validate(COUNTER_TASK)  # seeded at 1; graded 1.0 at 3
 
 
@@ -68,17 +70,17 @@ class FakeClient:
         self.tool_gate: Gate | None = None
         self.tool_error: Exception | None = None
 
-    async def load(self, task: Task) -> None:
+    async def begin(self, task: Task) -> None:
         if self.add_gate is not None:
             await self.add_gate.pass_through()
         if self.add_error is not None:
             raise self.add_error
         self.count = task.seed.parts[0].data["start"]  # type: ignore[union-attr]
 
-    async def grade(self, card: dict[str, Any], task: Task, final_text: str) -> Outcome:
+    async def grade(self, catalog: Catalog, task: Task, final_text: str) -> Outcome:
         return evaluate(task.grading, state={"count": self.count}, extension_scores={}, final_text=final_text)
 
-    def tool_session(self, card: dict[str, Any], *, role: str | None, timeout: float) -> FakeTools:
+    def tool_session(self, catalog: Catalog, *, role: str | None, timeout: float) -> FakeTools:
         return FakeTools(self)
 
 
@@ -92,8 +94,7 @@ class FakePool:
     """Instances in a list; a lease takes the first free one or fails at once; every release is recorded."""
 
     def __init__(self, size: int = 1) -> None:
-        self.card: dict[str, Any] = CARD
-        self.hidden_tools: set[str] = set()
+        self.catalog = CATALOG
         self.instances = [FakeInstance(index) for index in range(size)]
         self.free = list(self.instances)
         self.releases: list[tuple[int, str | None]] = []
@@ -130,8 +131,8 @@ class FakePool:
         return None
 
 
-async def runtime(pool: FakePool, **settings: Any) -> Runtime:
-    started = Runtime(pool, {"eval": [TASK]}, "counter", EpisodeSettings(**settings))
+async def runtime(pool: FakePool, **settings: Any) -> Episodes:
+    started = Episodes(pool, {"eval": [TASK]}, "counter", EpisodeSettings(**settings), BUNDLE.check_task)
     await started.start()
     return started
 
@@ -306,7 +307,7 @@ async def test_shutdown_ends_open_episodes_masked_and_stops_the_pool() -> None:
 
 async def test_a_server_written_for_another_environment_refuses_to_start() -> None:
     pool = FakePool()
-    wrong = Runtime(pool, {"eval": [TASK]}, "gridsim", EpisodeSettings())
+    wrong = Episodes(pool, {"eval": [TASK]}, "gridsim", EpisodeSettings(), BUNDLE.check_task)
     with pytest.raises(Exception, match="written for 'gridsim'"):
         await wrong.start()
     assert pool.stopped

@@ -104,13 +104,13 @@ async def test_a_session_in_use_slides_forward(monkeypatch: pytest.MonkeyPatch) 
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from gymhost.middleware.sessions import SessionMiddleware
+    from gymhost.middleware.sessions import GymSessionMiddleware
 
     async def who(request: Request) -> JSONResponse:
         return JSONResponse(request.session["session_id"])
 
     # Signing times are whole seconds; a 3 s session called every second for 5 s must outlive its first cookie.
-    app = SessionMiddleware(Starlette(routes=[Route("/", who)]), cookie_name="s", secret="k", max_age=3)
+    app = GymSessionMiddleware(Starlette(routes=[Route("/", who)]), cookie_name="s", secret="k", max_age=3)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://s.test") as client:
         ids, cookies = [], set()
         for _ in range(6):

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gymhost.agentenv import write_folder
+from gymhost.environments import write_folder
 
 from .agentenv_helpers import GRIDSIM, environment_process, make_bundle, rows
 from .processes import ServerProcess, alive, assert_stopped_cleanly, gymhost_command, serving

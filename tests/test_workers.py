@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gymhost import EpisodeClient
-from gymhost.agentenv import Task, load_tasks, write_folder
+from gymhost.environments import Task, load_tasks, write_folder
 
 from .agentenv_helpers import GRIDSIM, rows
 from .gym_plays import example_rows, play_mcp_weather, play_session_state

@@ -16,8 +16,8 @@ from typing import Any
 
 from gymhost._config import ServeConfig
 from gymhost._exceptions import ServeError
-from gymhost._lifespan_runner import LifespanRunner
-from gymhost._serving import _uvloop_factory, freeze_imported_heap
+from gymhost._hosting._lifespan import LifespanRunner
+from gymhost._serving._run import _uvloop_factory, freeze_imported_heap
 
 
 def run_app_granian(app: Any, sock: socket.socket, config: ServeConfig, *, lifespan_runner: bool = True) -> None:

@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from granian_serving import run_app_granian
 
 from gymhost._config import NO_TOKEN, ServeConfig
-from gymhost._loading import load_app
-from gymhost._serving import bind_socket, run_app
+from gymhost._hosting._loading import load_app
+from gymhost._serving._run import bind_socket, run_app
 
 folder, port, server = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 log_level = sys.argv[4] if len(sys.argv) > 4 else "warning"

@@ -5,9 +5,8 @@ The public API is assembled here; every other module is an implementation detail
 
 from __future__ import annotations
 
-from ._app import HostedServer, create_app
+from ._client import EpisodeClient, ToolOutput, Transcript
 from ._config import NO_TOKEN
-from ._episode import EpisodeClient, ToolOutput, Transcript
 from ._exceptions import (
     FolderError,
     GatewayError,
@@ -18,8 +17,9 @@ from ._exceptions import (
     UnmappedServerError,
     UpstreamUnavailableError,
 )
-from ._gateway import create_gateway, mounted_lifespan
-from ._loading import load_app
+from ._hosting._app import HostedServer, create_app
+from ._hosting._gateway import create_gateway, mounted_lifespan
+from ._hosting._loading import load_app
 from ._version import __version__
 
 __all__ = [

@@ -1,15 +1,19 @@
-"""Every default of the core, written once.
+"""Every default of the core, written once, and the two settings objects that carry them down.
 
 Like httpx's ``_config.py`` and uvicorn's ``Config``: the values live here, the command line shows them as its
-defaults, and the modules below receive them instead of keeping defaults of their own. The agent-environment
-settings have their own home, ``gymhost.agentenv._config``.
+defaults, and the modules below receive one settings object instead of keeping defaults of their own: ``AppSettings``
+for what an app guards and measures (``create_app``, ``create_gateway``, the middleware stack), ``ServeConfig`` for
+how ``gymhost serve`` runs it. The environments' settings have their own home, ``gymhost.environments._settings``.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 from typing import Final, Literal
+
+from ._exceptions import ServeError
 
 __all__ = [
     "DEFAULT_HOST",
@@ -22,9 +26,11 @@ __all__ = [
     "SECRET_ENV_VAR",
     "SERVERS",
     "TOKEN_ENV_VAR",
+    "AppSettings",
     "NoToken",
     "ServeConfig",
     "ServerName",
+    "resolve_token",
 ]
 
 DEFAULT_HOST: Final = "127.0.0.1"  # loopback: listening beyond it is a choice, made with a token
@@ -48,6 +54,50 @@ class NoToken(enum.Enum):
 
 
 NO_TOKEN: Final = NoToken.NO_TOKEN
+
+
+def resolve_token(token: str | NoToken | None) -> str | None:
+    """The token every request must carry, or None for no check.
+
+    ``None`` reads ``GYMHOST_TOKEN`` (unset or empty: no check); ``NO_TOKEN`` turns the check off; a string is the
+    token. A header carries ASCII only, so a token that is not ASCII could never be sent: it is refused here, at
+    build time (without echoing it), and so is an empty string, which would say neither "off" nor a token.
+    """
+    if isinstance(token, NoToken):
+        return None
+    if token == "":
+        raise ServeError("the bearer token is empty; pass NO_TOKEN to turn the check off")
+    resolved = token if token is not None else (os.environ.get(TOKEN_ENV_VAR) or None)
+    if resolved is not None and not (resolved.isascii() and resolved.isprintable() and " " not in resolved):
+        raise ServeError("the bearer token must be printable ASCII without spaces (it travels in an HTTP header)")
+    return resolved
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    """What an app refuses and measures, decided once where it is built and passed down to its middleware stack.
+
+    ``token``: the bearer token every request but a liveness probe must carry (already resolved: None is no check).
+    Bodies above ``max_body_bytes`` are refused 413; JSON nested deeper than ``max_json_depth``, or holding a lone
+    surrogate escape, 400. ``http_metrics`` False leaves out the per-request HTTP metrics.
+    """
+
+    token: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    http_metrics: bool = True
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        token: str | NoToken | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
+        metrics: bool = True,
+    ) -> AppSettings:
+        """From ``create_app``'s keyword arguments, the token resolved (``resolve_token``)."""
+        return cls(resolve_token(token), max_body_bytes, max_json_depth, metrics)
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,34 @@
-"""The errors gymhost raises, all of them but the agent-environment ones (``gymhost.agentenv._exceptions``).
+"""The errors gymhost raises. Catch ``GymhostError`` for anything gymhost refused, or a narrower class to act on
+one kind of problem. Every message names the path or name involved and what was expected there, so the command line
+can print it as one line and the user can fix it without reading a traceback.
 
-Layered like httpx's: catch ``GymhostError`` for anything gymhost refused, or a narrower class to act on one
-kind of problem. Every message names the path or name involved and what was expected there, so the command
-line can print it as one line and the user can fix it without reading a traceback.
+The whole tree, this module's classes and the environments' (``gymhost.environments._errors``; the ones a user meets
+are exported from ``gymhost.environments``, the others become a masked verdict or an HTTP answer inside a server)::
+
+    GymhostError
+    ├── NemoGymNotInstalledError (ImportError)   nemo-gym, an optional extra, is needed here
+    ├── FolderError                              a folder Gym's launcher would not accept
+    │   └── ServerClassError                     its entrypoint names no single server class
+    ├── GatewayError                             servers that cannot be mounted together
+    ├── UnmappedServerError (LookupError)        a call to a Gym server nobody mapped
+    ├── UpstreamUnavailableError (ConnectionError)
+    ├── ServeError                               a server that cannot start
+    │                                                                    -- environments: writing, checking a folder
+    ├── TaskError, SourceError, CatalogError, WriteError, CheckError
+    │                                                                    -- environments: the pool and its instances
+    ├── StartupError                             instances that would not come up, or disagree
+    ├── PoolExhaustedError                       no instance came free in time
+    ├── EnvUnavailableError                      an instance that did not answer
+    │   └── EnvTimeoutError, EnvDroppedError, EnvAtCapacityError
+    ├── DataPlaneError                           an instance that answered with an error
+    │   ├── EnvFailedError                       the environment ended the episode itself
+    │   └── MalformedReplyError                  an answer outside the protocol: the instance is broken
+    ├── ExtensionError                           a grade extension that could not be called
+    ├── McpSessionError                          an MCP session that failed or is gone
+    │   └── McpMalformedReplyError (also MalformedReplyError): classified as malformed, the instance broken
+    │                                                                    -- environments: episodes
+    ├── UnknownTaskError (LookupError), SessionConflictError
+    └── EpisodeStateError                        a call the episode is not in a state for
 """
 
 from __future__ import annotations

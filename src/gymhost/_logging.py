@@ -1,4 +1,5 @@
-"""Logging: keeping a host's logging its own, and how ``gymhost serve`` logs (text, or JSON lines).
+"""Logging: keeping a host's logging its own, how ``gymhost serve`` logs (text, or JSON lines), and warnings said
+at most every few seconds however often their cause happens.
 
 mcp's ``FastMCP`` constructor calls ``logging.basicConfig(level=INFO, handlers=[RichHandler])`` on the root logger.
 In a process of its own that is harmless; in a server that builds FastMCP apps (nemo-gym 0.4.0's MCP resources
@@ -13,10 +14,11 @@ import contextlib
 import datetime
 import json
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["JsonFormatter", "fastmcp_leaves_logging_alone", "logging_config"]
+__all__ = ["JsonFormatter", "RateLimitedWarning", "fastmcp_leaves_logging_alone", "logging_config"]
 
 
 @contextlib.contextmanager
@@ -65,7 +67,7 @@ class JsonFormatter(logging.Formatter):
 
 def logging_config(log_format: str, level: str) -> dict[str, Any]:
     """The logging of ``gymhost serve``, as a ``logging.config.dictConfig`` dict both ASGI servers take: the server's
-    own loggers and gymhost's (``gymhost``, ``gymhost.agentenv``, ``gymhost.episodes``) on stderr, access lines on
+    own loggers and gymhost's (``gymhost``, ``gymhost.environments``, ``gymhost.episodes``) on stderr, access lines on
     stdout, as text (uvicorn's look) or as JSON lines."""
     if log_format == "json":
         formatters: dict[str, Any] = {
@@ -100,3 +102,21 @@ def logging_config(log_format: str, level: str) -> dict[str, Any]:
             "gymhost": {"handlers": ["gymhost"], "level": level.upper(), "propagate": False},
         },
     }
+
+
+class RateLimitedWarning:
+    """A warning said at most once every ``every_s``, with how many times it happened meanwhile: a fault that
+    recurs under load is said, without one line per connection."""
+
+    def __init__(self, logger: logging.Logger, every_s: float = 10.0) -> None:
+        self._logger = logger
+        self._every_s = every_s
+        self._last = 0.0
+        self._since = 0
+
+    def __call__(self, message: str, *args: Any) -> None:
+        self._since += 1
+        now = time.monotonic()
+        if now - self._last >= self._every_s:
+            self._logger.warning(message + " (%d time(s) since the last warning)", *args, self._since)
+            self._last, self._since = now, 0

@@ -22,7 +22,6 @@ from prometheus_client.metrics_core import Metric
 
 __all__ = [
     "CONTENT_TYPE",
-    "EPISODE_OUTCOMES",
     "HTTP_ACTIVE_REQUESTS",
     "HTTP_REQUEST_DURATION",
     "EpisodeMetrics",
@@ -39,7 +38,6 @@ _MULTIPROC_ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
 ROOT = "/"
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _SLOW = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
-EPISODE_OUTCOMES = ("rewarded", "masked", "closed")
 
 HTTP_REQUEST_DURATION = Histogram(
     "http_server_request_duration_seconds",
@@ -95,9 +93,15 @@ _LISTEN_OVERFLOWS = Counter(
     "Connections the kernel refused because a listen queue was full (ListenOverflows of /proc/net/netstat: this "
     "network namespace's, every listening socket's); clients retry them.",
 )
-_INSTANCE_STATES = ("free", "leased", "resetting", "repairing", "starting", "stopping")
+_FORWARD_FAILURES = Counter(
+    "gymhost_forward_failures",
+    "Requests that could not be forwarded to the process owning their session, by its kind (worker, replica) and "
+    "why: gone (answered as a lost session) or busy (answered 503, Retry-After).",
+    ["target", "reason"],
+)
 _OURS = (HTTP_REQUEST_DURATION, HTTP_ACTIVE_REQUESTS, _EPISODES_OPEN, _EPISODES_ENDED, _REWARD, _SEED_WAIT,
-         _TOOL_CALL, _INSTANCES, _SEEDS_WAITING, _SESSIONS_STARTED, _ACCEPT_ERRORS, _LISTEN_OVERFLOWS)  # fmt: skip
+         _TOOL_CALL, _INSTANCES, _SEEDS_WAITING, _SESSIONS_STARTED, _ACCEPT_ERRORS, _LISTEN_OVERFLOWS,
+         _FORWARD_FAILURES)  # fmt: skip
 
 
 def accept_failed(reason: str) -> None:
@@ -106,6 +110,10 @@ def accept_failed(reason: str) -> None:
 
 def listen_overflowed(count: int) -> None:
     _LISTEN_OVERFLOWS.inc(count)
+
+
+def forward_failed(target: str, reason: str) -> None:
+    _FORWARD_FAILURES.labels(target, reason).inc()
 
 
 class EpisodeMetrics:
@@ -144,9 +152,8 @@ class EpisodeMetrics:
     def gauges(self, *, open_episodes: int, instances: dict[str, int] | None = None, waiting: int = 0) -> None:
         self._open.set(open_episodes)
         self._waiting.set(waiting)
-        for state in _INSTANCE_STATES:
-            if instances is not None:
-                _INSTANCES.labels(self.mount, state).set(instances.get(state, 0))
+        for state, count in (instances or {}).items():
+            _INSTANCES.labels(self.mount, state).set(count)
 
 
 def share_metrics(folder: Path) -> None:

@@ -13,7 +13,13 @@ import importlib.util
 
 from ._exceptions import NemoGymNotInstalledError
 
-__all__ = ["GYM_ROUTE_NAMES", "require_nemo_gym", "verdicts_carry_mask"]
+__all__ = ["GYM_ROUTE_NAMES", "PROVIDER_UNAVAILABLE", "SESSION_LOST", "require_nemo_gym", "verdicts_carry_mask"]
+
+# Failure kinds of nemo-gym's shared vocabulary (``nemo_gym.failure_kinds``, 0.7.0) that gymhost's core answers with:
+# an episode whose owner is gone, and a server that takes no episode now. The environments' are in their
+# ``_outcomes``.
+SESSION_LOST = "session_lost"
+PROVIDER_UNAVAILABLE = "provider_unavailable"
 
 # Paths a Gym resources server serves itself (nemo-gym 0.4.0 and 0.7.0, liveness and docs included); every other
 # single-segment POST route of a resources server is a tool.

@@ -16,8 +16,8 @@ import os
 
 from ._config import FOLDER_ENV_VAR, SECRET_ENV_VAR
 from ._exceptions import GymhostError
-from ._loading import enter_folder, load_app
-from ._serving import freeze_imported_heap
+from ._hosting._loading import enter_folder, load_app
+from ._serving._run import freeze_imported_heap
 
 __all__ = ["ENV_VAR", "app"]
 

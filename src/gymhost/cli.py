@@ -15,7 +15,6 @@ from typing import Any
 
 import click
 
-from ._accepting import backlog_warning, raise_open_files_limit
 from ._config import (
     DEFAULT_MAX_BODY_BYTES,
     NO_TOKEN,
@@ -23,15 +22,13 @@ from ._config import (
     REPLICA_ENV_VAR,
     SERVERS,
     TOKEN_ENV_VAR,
+    AppSettings,
     ServeConfig,
 )
 from ._exceptions import GymhostError
-from ._metrics import share_metrics
-from ._process import process_state
-from ._serving import bind_socket, bind_unix_socket, is_loopback, run_app, url_of
+from ._keys import MOUNT
 from ._version import __version__
-from ._workers import prepare_workers, serve_workers
-from .agentenv._config import DEFAULT_INSTANCES, SourceConfig, instance_range
+from .environments._settings import SourceConfig, parse_instances
 
 __all__ = ["main"]
 
@@ -61,10 +58,28 @@ def _overrides(values: tuple[str, ...]) -> dict[str, Any]:
 def _instances(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     if value is not None:
         try:
-            instance_range(value, "process")
+            parse_instances(value)
         except ValueError as error:
             raise click.BadParameter(str(error)) from None
     return value
+
+
+class _InstancesOption(click.Option):
+    """``--instances``, whose help names each source kind's default, read from the backends when the help is shown
+    (so ``gymhost --help`` imports none of them)."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        record = super().get_help_record(ctx)
+        if record is None:
+            return None
+        from .environments._registry import BACKENDS
+
+        defaults = ", ".join(
+            f"{low}:{high} {backend.kind}{f' {mode}' if mode else ''}".replace("_", "-")
+            for backend in BACKENDS
+            for mode, (low, high) in backend.default_instances.items()
+        )
+        return record[0], f"{record[1]} Default: {defaults}."
 
 
 class _WriteByDefault(click.Group):
@@ -239,9 +254,15 @@ def serve(
     """
     from starlette.routing import Mount
 
-    from ._gateway import is_gym_root
-    from ._loading import enter_folder, load_app
+    from ._hosting._gateway import is_gym_root
+    from ._hosting._loading import enter_folder, load_app
+    from ._metrics import share_metrics
     from ._nemo_gym import require_nemo_gym
+    from ._process._identity import process_state
+    from ._serving._accepting import backlog_warning, raise_open_files_limit
+    from ._serving._process_mount import apart_in_own_venvs
+    from ._serving._run import bind_socket, bind_unix_socket, is_loopback, run_app, url_of
+    from ._serving._workers import prepare_workers, serve_workers
 
     urls = _key_values("--server-url", server_urls)
     config = ServeConfig(
@@ -296,23 +317,24 @@ def serve(
             folder = str(enter_folder(folder))
             app = load_app(
                 folder,
-                server_urls=urls,
                 # click has read GYMHOST_TOKEN already: no token here means none was given anywhere.
-                token=token or NO_TOKEN,
-                max_body_bytes=max_body_bytes,
-                metrics=http_metrics,
+                AppSettings.of(token=token or NO_TOKEN, max_body_bytes=max_body_bytes, metrics=http_metrics),
+                server_urls=urls,
                 config_key=config_key,
                 address=sock.getsockname()[:2] if uds is None else None,
-                own_venvs=config if venv else None,
+                apart=apart_in_own_venvs(config, urls) if venv else None,
                 **overrides,
             )
             if config.root_path:
-                app.state.gymhost_mount = config.root_path  # its metrics carry the prefix it is served under
+                MOUNT.set(app, config.root_path)  # its metrics carry the prefix it is served under
             if gateway:
                 mounts = ", ".join(route.path for route in app.router.routes if isinstance(route, Mount))
                 click.echo(f"gymhost: serving {Path(folder).resolve().name} at {url_of(sock)} (servers: {mounts})")
             else:
-                click.echo(f"gymhost: serving {app.state.gymhost.name} at {url_of(sock)}")
+                from ._hosting._app import HOSTED
+
+                hosted = HOSTED.get(app)
+                click.echo(f"gymhost: serving {hosted.name if hosted else folder} at {url_of(sock)}")
             if workers_folder is not None:
                 click.echo(f"gymhost: {workers} workers")
                 serve_workers(app, sock, config, workers, workers_folder, run_app)
@@ -327,8 +349,8 @@ def serve(
 def _serve_from_own_venv(folder: Path) -> None:
     """``serve --venv`` of one folder whose requirements this environment does not meet: build (or reuse) its venv
     and run this same command there, without --venv. Returns when the requirements are met here."""
+    from ._hosting._venvs import folder_venv, unmet_requirements
     from ._nemo_gym import require_nemo_gym
-    from ._venvs import folder_venv, unmet_requirements
 
     require_nemo_gym()
     if not unmet_requirements(folder.resolve()):
@@ -348,13 +370,12 @@ def _serve_from_own_venv(folder: Path) -> None:
 @click.option("--url", "urls", multiple=True, metavar="URL", help="Another instance of a URL source. Repeatable.")
 @click.option(
     "--instances",
+    cls=_InstancesOption,
     default=None,
     metavar="K|MIN:MAX",
     callback=_instances,
     help="A bundle's instances or an OpenEnv server's sessions (= episodes at once): K for a fixed pool, MIN:MAX "
-    "for one that grows on demand and shrinks when idle. Default: "
-    + ", ".join(f"{low}:{high} {mode.replace('_', '-')}" for mode, (low, high) in DEFAULT_INSTANCES.items())
-    + ".",
+    "for one that grows on demand and shrinks when idle.",
 )
 @click.option(
     "--mode",
@@ -397,7 +418,7 @@ def write(
     lists, served by its OpenEnv app), the URL of a running OpenEnv server (its Task API gives the tasks), or the
     URL of a running agentenv environment (with --tasks FILE).
     """
-    from .agentenv import write_folder
+    from .environments import write_folder
 
     try:
         written = write_folder(
@@ -439,7 +460,7 @@ def check(folder: str, solutions_file: Path | None, allow_unchecked: bool) -> No
 
     try:
         require_nemo_gym()
-        from .agentenv._check import check_folder, format_report, load_solutions
+        from .environments._check import check_folder, format_report, load_solutions
 
         checks = check_folder(folder, load_solutions(solutions_file) if solutions_file else None)
     except GymhostError as error:

@@ -7,17 +7,17 @@ from __future__ import annotations
 
 from .auth import LIVENESS_PATHS, BearerTokenMiddleware
 from .disconnect import DisconnectCancellationMiddleware
-from .exceptions import ExceptionMiddleware
+from .gym_errors import GymErrorsMiddleware
 from .request_guard import RequestGuardMiddleware
-from .sessions import SessionMiddleware
+from .sessions import GymSessionMiddleware
 from .stack import middleware_stack
 
 __all__ = [
     "LIVENESS_PATHS",
     "BearerTokenMiddleware",
     "DisconnectCancellationMiddleware",
-    "ExceptionMiddleware",
+    "GymErrorsMiddleware",
+    "GymSessionMiddleware",
     "RequestGuardMiddleware",
-    "SessionMiddleware",
     "middleware_stack",
 ]

@@ -5,28 +5,34 @@ dict lookup and an ``observe``."""
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .._forwarding import FORWARDED_SCOPE_KEY
+from .._asgi import path_below_mount
+from .._keys import FORWARDED
 from .._metrics import HTTP_ACTIVE_REQUESTS, HTTP_REQUEST_DURATION, ROOT
 
 __all__ = ["HttpMetricsMiddleware"]
 
 _UNMATCHED = "(unmatched)"  # a path no route took (a 404): one series, however many such paths there are
-_FORWARDED = "(forwarded)"  # answered by the process that owns the session (``_forwarding``)
+_FORWARDED = "(forwarded)"  # answered by another process (``_process._forwarding``), which counts it too
 
 
 class HttpMetricsMiddleware:
-    def __init__(self, app: ASGIApp) -> None:
+    """``mounts``: prefixes of apps below that time their own requests (a gateway's in-process mounts), whose
+    requests pass on untimed here, so each request is counted once."""
+
+    def __init__(self, app: ASGIApp, *, mounts: Collection[str] = ()) -> None:
         self.app = app
+        self.mounts = tuple(mounts)
         self._durations: dict[tuple[str, str, str, int], Any] = {}
         self._active: dict[tuple[str, str], Any] = {}
         self._templates: dict[int, str] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (self.mounts and self._mounted(scope)):
             await self.app(scope, receive, send)
             return
         mount, method = scope.get("root_path") or ROOT, scope["method"]
@@ -54,13 +60,17 @@ class HttpMetricsMiddleware:
                 duration = self._durations[key] = HTTP_REQUEST_DURATION.labels(mount, method, route, str(status))
             duration.observe(time.perf_counter() - started)
 
+    def _mounted(self, scope: Scope) -> bool:
+        path = path_below_mount(scope)
+        return any(path == mount or path.startswith(mount + "/") for mount in self.mounts)
+
     def _template(self, scope: Scope) -> str:
         """The matched route's path template. Starlette's router names the route in the scope; FastAPI's names only
         its own routes there, so for a plain Route or Mount the endpoint the router chose is looked up instead."""
         route = getattr(scope.get("route"), "path", None)
         if route:
             return str(route)
-        if scope.get(FORWARDED_SCOPE_KEY):
+        if FORWARDED.get(scope):
             return _FORWARDED
         endpoint = scope.get("endpoint")
         if endpoint is None:

@@ -24,9 +24,9 @@ import math
 import re
 from itertools import accumulate
 
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .._asgi import answer_json, replay_first
 from .._config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH
 
 __all__ = ["RequestGuardMiddleware", "json_problem"]
@@ -146,7 +146,7 @@ class RequestGuardMiddleware:
         """Read the whole body (the app would anyway), check it, then hand it to the app as one message."""
         message = await receive()
         if message["type"] != "http.request":  # the client left: let the app see that
-            await self.app(scope, _replay(message, receive), send)
+            await self.app(scope, replay_first(message, receive), send)
             return
         body = message.get("body", b"")
         if message.get("more_body", False):
@@ -154,7 +154,7 @@ class RequestGuardMiddleware:
             while message.get("more_body", False):
                 message = await receive()
                 if message["type"] != "http.request":
-                    await self.app(scope, _replay(message, receive), send)
+                    await self.app(scope, replay_first(message, receive), send)
                     return
                 chunk = message.get("body", b"")
                 size += len(chunk)
@@ -171,25 +171,11 @@ class RequestGuardMiddleware:
         if problem is not None:
             await _refuse(scope, receive, send, 400, problem)
             return
-        await self.app(scope, _replay(message, receive), send)
+        await self.app(scope, replay_first(message, receive), send)
 
     def _too_large(self) -> str:
         return f"the request body is larger than this server's limit of {self.max_body_bytes} bytes"
 
 
-def _replay(first: Message, receive: Receive) -> Receive:
-    """``first``, then whatever the server sends next (the disconnect an app may wait for)."""
-    pending: Message | None = first
-
-    async def replayed() -> Message:
-        nonlocal pending
-        if pending is None:
-            return await receive()
-        message, pending = pending, None
-        return message
-
-    return replayed
-
-
 async def _refuse(scope: Scope, receive: Receive, send: Send, status: int, detail: str) -> None:
-    await JSONResponse({"detail": detail}, status_code=status)(scope, receive, send)
+    await answer_json(scope, receive, send, status, {"detail": detail})

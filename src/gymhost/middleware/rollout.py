@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._forwarding import ORIGINAL_PATH_SCOPE_KEY
+from .._keys import CLIENT_PATH
 
 __all__ = ["mounted_rollout_middleware"]
 
@@ -39,7 +39,7 @@ def mounted_rollout_middleware() -> Any:
                 return
             rewritten = mount + match.group("rest")
             original = scope.get("raw_path") or path.encode()  # kept: a request forwarded to its owner keeps it
-            inner = {**scope, "path": rewritten, "raw_path": rewritten.encode(), ORIGINAL_PATH_SCOPE_KEY: original}
+            inner = {**scope, "path": rewritten, "raw_path": rewritten.encode(), CLIENT_PATH.name: original}
             with rollout_context(match.group("rollout_id")):
                 await self._app(inner, receive, send)
 

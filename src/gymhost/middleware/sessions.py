@@ -5,7 +5,7 @@ same string as the secret, at ``path=/``, plus a function middleware that puts a
 Three things follow: anyone can forge a session (the secret is public), a cookie jar sends every mounted server's
 cookie to every other mount, and the same server mounted twice shares one session.
 
-``SessionMiddleware`` here replaces both of Gym's middlewares with one pure-ASGI class:
+``GymSessionMiddleware`` here replaces both of Gym's middlewares with one pure-ASGI class:
 
 - the cookie keeps Gym's name, so clients that keep the cookies of ``/seed_session`` work unchanged;
 - its path is the mount prefix (``scope["root_path"]``), so a cookie goes back only to the server that set it;
@@ -32,20 +32,19 @@ from itsdangerous.exc import BadSignature
 from starlette.middleware.sessions import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .._forwarding import FORWARDED_SCOPE_KEY
-from .._process import process_state
-from .._secret import process_secret
+from .._keys import FORWARDED
+from .._process._identity import OWNER_KEY, process_state
+from .._process._signing import process_secret
 
-__all__ = ["OWNER_KEY", "SESSION_ID_KEY", "SessionMiddleware"]
+__all__ = ["SESSION_ID_KEY", "GymSessionMiddleware"]
 
 SESSION_ID_KEY = "session_id"  # nemo_gym.server_utils.SESSION_ID_KEY
-OWNER_KEY = "gymhost_owner"
 _SALT = "gymhost.session"
 _VERIFIED_KEPT = 100_000  # cookies kept verified at most; beyond that the cache starts again
 _VERIFIED_GENERATION_S = 60.0  # a cookie unseen for between one and two of these is verified again when it returns
 
 
-class SessionMiddleware:
+class GymSessionMiddleware:
     def __init__(
         self,
         app: ASGIApp,
@@ -85,7 +84,7 @@ class SessionMiddleware:
         cookie_path = mount or "/"
 
         async def send_with_cookie(message: Message) -> None:
-            if message["type"] == "http.response.start" and not scope.get(FORWARDED_SCOPE_KEY):
+            if message["type"] == "http.response.start" and not FORWARDED.get(scope):
                 # (a forwarded request's answer carries its owner's cookie, not this process's)
                 current: dict[str, Any] = scope["session"]
                 cookie = None

@@ -1,0 +1,172 @@
+"""What an operator sees of an app and how it is moved: readiness, metrics, and the episodes a drain waits for.
+
+``operate(app, server)`` gives an app built by ``create_app``:
+
+- ``GET /readyz``: 200 only once the app's lifespan has started, the server says it is ready (a written server: its
+  pool has its minimum of instances serving) and the process is not draining; otherwise 503 with a JSON ``reason``.
+  It replaces Gym's, which answers ok whatever the state. ``/``, ``/health``, ``/healthz`` and ``/livez`` stay
+  liveness: the process answers.
+- ``GET /metrics``: the Prometheus exposition of the app's series (its mount's) and the process's (``_metrics``).
+- episode metrics and the open-episode count a drain waits for: a written server keeps its own (it has the methods
+  of ``EpisodeSource``); any other server's sessions are followed from outside (``middleware.ownership``).
+- its gauges refreshed every second while it runs.
+
+Under a gateway, the gateway says where each app is mounted before their lifespans start, so their series carry
+that mount, and the gateway's own ``/readyz`` and ``/metrics`` cover every mount.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .._keys import MOUNT, MOUNTS, StateKey
+from .._metrics import CONTENT_TYPE, EpisodeMetrics, render
+from .._process._drain import NOT_READY, drain
+from ..middleware.tracking import SessionTracker
+from ._lifespan import on_lifespan, wrap_lifespan
+
+__all__ = ["EpisodeSource", "Operated", "Operations", "add_operating_routes", "operate"]
+
+_GAUGE_EVERY_S = 1.0
+
+
+class Operated(Protocol):
+    """What a gateway's readiness and ``/metrics`` read of each mount (``Operations``, or a process mount's)."""
+
+    @property
+    def mount(self) -> str: ...
+    def not_ready(self) -> str | None: ...
+    def open_episodes(self) -> int: ...
+
+
+OPERATIONS: StateKey[Operated] = StateKey("gymhost_operations")  # readiness, metrics, open episodes
+
+
+class EpisodeSource(Protocol):
+    """A server that keeps its own episodes (``AgentEnvResourcesServer``)."""
+
+    def gymhost_bind_metrics(self, metrics: EpisodeMetrics) -> None: ...
+    def gymhost_open_episodes(self) -> int: ...
+    def gymhost_not_ready(self) -> str | None: ...
+    def gymhost_gauges(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class Operations:
+    """One app's operating state (``OPERATIONS``)."""
+
+    metrics: EpisodeMetrics
+    source: EpisodeSource | None
+    tracker: SessionTracker | None
+    started: bool = False
+    forget: list[Callable[[], None]] = field(default_factory=list)
+
+    @property
+    def mount(self) -> str:
+        return self.metrics.mount
+
+    def open_episodes(self) -> int:
+        if self.source is not None:
+            return self.source.gymhost_open_episodes()
+        return self.tracker.open_count() if self.tracker is not None else 0
+
+    def not_ready(self) -> str | None:
+        if not self.started:
+            return "starting: the app's lifespan has not finished starting"
+        if drain.draining:
+            return NOT_READY
+        return self.source.gymhost_not_ready() if self.source is not None else None
+
+    def refresh_gauges(self) -> None:
+        if self.source is not None:
+            self.metrics.gauges(**self.source.gymhost_gauges())
+        else:
+            self.metrics.gauges(open_episodes=self.open_episodes())
+
+
+def operate(app: Any, server: Any) -> Operations:
+    source: EpisodeSource | None = server if hasattr(server, "gymhost_open_episodes") else None
+    operations = Operations(EpisodeMetrics(), source, None if source is not None else SessionTracker())
+    if source is not None:
+        source.gymhost_bind_metrics(operations.metrics)
+    OPERATIONS.set(app, operations)
+
+    @asynccontextmanager
+    async def bound(app_: Any) -> AsyncIterator[None]:
+        operations.metrics.bind(MOUNT.get(app_) or "/")  # before the server's own lifespan runs
+        yield
+
+    def started(app_: Any) -> None:
+        operations.started = True
+        operations.forget.append(drain.count_open(id(operations), operations.open_episodes))
+        task = asyncio.get_running_loop().create_task(_refresh(operations), name="gymhost-gauges")
+
+        def cancel() -> None:
+            task.cancel()
+
+        operations.forget.append(cancel)
+
+    def stopping(app_: Any) -> None:
+        operations.started = False
+        while operations.forget:
+            operations.forget.pop()()
+
+    on_lifespan(app, started, stopping)
+    wrap_lifespan(app, bound)
+    add_operating_routes(app)
+    return operations
+
+
+def add_operating_routes(app: Any) -> None:
+    """``/readyz`` (in place of Gym's, if the app has one) and ``/metrics``, ahead of every other route."""
+    app.router.routes[:] = [route for route in app.router.routes if getattr(route, "path", None) != "/readyz"]
+    app.router.routes[:0] = [
+        Route("/readyz", readiness_endpoint, methods=["GET", "HEAD"], include_in_schema=False),
+        Route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False),
+    ]
+
+
+async def readiness_endpoint(request: Request) -> Response:
+    """One app's readiness, or a gateway's: ready when every mount is."""
+    reasons = _not_ready(request.app)
+    if reasons:
+        return JSONResponse({"status": "unavailable", "reason": reasons}, status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics_endpoint(request: Request) -> Response:
+    operations = OPERATIONS.get(request.app)
+    body = await asyncio.to_thread(render, operations.mount if operations is not None else None)
+    return Response(body, media_type=CONTENT_TYPE)
+
+
+def _not_ready(app: Any) -> str | dict[str, str] | None:
+    operations = OPERATIONS.get(app)
+    if operations is not None:
+        return operations.not_ready()
+    mounts = MOUNTS.get(app) or {}  # a gateway's: {prefix: app}
+    if drain.draining:
+        return NOT_READY
+    reasons = {prefix: reason for prefix, child in mounts.items() if (reason := _reason_of(child)) is not None}
+    return reasons or None
+
+
+def _reason_of(app: Any) -> str | None:
+    reason = _not_ready(app)
+    return None if reason is None else str(reason)
+
+
+async def _refresh(operations: Operations) -> None:
+    while True:
+        with contextlib.suppress(Exception):  # a gauge is not worth a crash
+            operations.refresh_gauges()
+        await asyncio.sleep(_GAUGE_EVERY_S)

@@ -1,0 +1,186 @@
+"""A folder's own environment, as Gym's launcher gives every server one: a venv built from the folder's
+``requirements.txt``, with this nemo-gym and this gymhost, built once and kept.
+
+Gym builds each server a venv before it starts it; gymhost serves a folder in the environment it runs in, which
+meets most folders' needs (their requirements are nemo-gym's). A folder whose ``requirements.txt`` this environment
+does not meet (a package missing, another version installed: ``_requirements``) gets a venv of its own, on asking
+(``gymhost serve --venv``): made with uv when uv is on ``PATH`` (as Gym makes them; it links packages from its cache,
+so a venv costs seconds), else with ``venv`` and pip. The venv is named by what it is made from (the Python, the
+nemo-gym and gymhost installed here, the folder's requirements), so a changed ``requirements.txt`` makes a new one
+and an unchanged one is reused; a lock keeps two servers from building the same one at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from .._exceptions import ServeError
+from ._requirements import requirements_of
+
+__all__ = ["VENV_DIR_ENV_VAR", "folder_venv", "gymhost_dependency", "gymhost_requirement", "unmet_requirements"]
+
+logger = logging.getLogger("gymhost")
+
+VENV_DIR_ENV_VAR = "GYMHOST_VENV_DIR"  # where the venvs are kept; default ~/.cache/gymhost/venvs
+_BUILT = ".gymhost-venv.json"  # written last: a venv without it is a build that did not finish
+# Gym's requirements.txt names nemo-gym relative to its checkout (`-e nemo-gym[dev] @ ../../`): here it is the
+# nemo-gym installed in this environment, with the extras that line asks for.
+_NEMO_GYM_LINE = re.compile(r"^\s*(-e\s+)?nemo[-_]gym(\[[^\]]*\])?\s*(@.*)?$", re.IGNORECASE)
+
+
+def unmet_requirements(folder: Path) -> list[str]:
+    """The lines of the folder's ``requirements.txt`` this environment does not meet."""
+    return [requirement.line for requirement in requirements_of(folder) if not requirement.met]
+
+
+def gymhost_requirement(*, as_installed: bool = False) -> str:
+    """gymhost as pip or uv can install it: from where this gymhost was installed (PEP 610's ``direct_url.json``: a
+    checkout, a wheel file, a VCS URL), else the version from a package index. ``as_installed``: an editable install
+    (a checkout being worked on) is installed editable again, so a folder's venv runs the same code."""
+    try:
+        distribution = importlib.metadata.distribution("gymhost")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "gymhost[nemo-gym]"
+    direct = json.loads(distribution.read_text("direct_url.json") or "{}")
+    url = direct.get("url")
+    if isinstance(url, str) and url:
+        if as_installed and (direct.get("dir_info") or {}).get("editable") and url.startswith("file://"):
+            return f"-e {url.removeprefix('file://')}[nemo-gym]"
+        return f"gymhost[nemo-gym] @ {url}"
+    return f"gymhost[nemo-gym]=={distribution.version}"
+
+
+def gymhost_dependency(name: str) -> str:
+    """gymhost's own requirement on ``name``, as its installed metadata declares it (``pyproject.toml``'s), for a
+    written folder's requirements.txt; ``name`` alone when gymhost is not installed."""
+    try:
+        requires = importlib.metadata.requires("gymhost") or []
+    except importlib.metadata.PackageNotFoundError:
+        return name
+    wanted = name.lower().replace("_", "-")
+    for line in requires:
+        requirement = Requirement(line)
+        if requirement.name.lower().replace("_", "-") == wanted and requirement.marker is None:
+            return f"{requirement.name}{requirement.specifier}"
+    return name
+
+
+def folder_venv(folder: Path) -> Path:
+    """The Python of the folder's own venv, built first if there is none yet."""
+    requirements = _requirements(folder)
+    key = hashlib.sha256("\n".join([sys.version, sys.executable, *requirements]).encode()).hexdigest()[:16]
+    venvs = Path(os.environ.get(VENV_DIR_ENV_VAR) or Path.home() / ".cache" / "gymhost" / "venvs")
+    venv = venvs / f"{folder.name}-{key}"
+    python = venv / "bin" / "python"
+    venvs.mkdir(parents=True, exist_ok=True)
+    with _locked(venvs / f".{venv.name}.lock"):
+        if (venv / _BUILT).is_file():
+            logger.info("%s: serving from its own venv %s", folder.name, venv)
+            return python
+        shutil.rmtree(venv, ignore_errors=True)  # a build that did not finish
+        began = time.monotonic()
+        logger.warning(
+            "%s: its requirements.txt is not met here (%s): building it a venv of its own in %s, with %s",
+            folder.name,
+            ", ".join(unmet_requirements(folder)) or "its own",
+            venv,
+            "uv" if shutil.which("uv") else "pip (put uv on PATH for a faster build)",
+        )
+        try:
+            _build(venv, requirements)
+        except BaseException:
+            shutil.rmtree(venv, ignore_errors=True)
+            raise
+        (venv / _BUILT).write_text(json.dumps({"requirements": requirements, "python": sys.version}, indent=2))
+        logger.warning("%s: its venv was built in %.0fs", folder.name, time.monotonic() - began)
+    return python
+
+
+def _requirements(folder: Path) -> list[str]:
+    """What the venv installs: this nemo-gym (with the extras the folder's line asks for), this gymhost, and the
+    folder's other requirements, as its ``requirements.txt`` writes them."""
+    nemo_gym = importlib.metadata.version("nemo-gym")
+    extras = ""
+    lines = []
+    path = folder / "requirements.txt"
+    for raw in path.read_text().splitlines() if path.is_file() else []:
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        match = _NEMO_GYM_LINE.match(line)
+        if match:
+            extras = match.group(2) or extras
+        elif not re.match(r"^gymhost\b", line):
+            lines.append(line)
+    return [f"nemo-gym{extras}=={nemo_gym}", gymhost_requirement(as_installed=True), *lines]
+
+
+def _build(venv: Path, requirements: list[str]) -> None:
+    listed = venv.parent / f".{venv.name}.requirements.txt"
+    listed.write_text("\n".join(requirements) + "\n")
+    uv = shutil.which("uv")
+    python = venv / "bin" / "python"
+    target = _python_version_for_nemo_gym()
+    try:
+        if uv is not None:
+            _run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], "creating the venv")
+            command = [uv, "pip", "install", "--quiet", "--python", str(python), "-r", str(listed)]
+            if target is not None:  # nemo-gym's Requires-Python is newer than this Python: resolve as if it were
+                command += ["--python-version", target]
+        else:
+            _run([sys.executable, "-m", "venv", str(venv)], "creating the venv")
+            command = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", str(listed)]
+            if target is not None:
+                command.append("--ignore-requires-python")
+        _run(command, "installing its requirements")
+    finally:
+        listed.unlink(missing_ok=True)
+
+
+def _python_version_for_nemo_gym() -> str | None:
+    """The oldest Python nemo-gym says it needs, when this one is older (nemo-gym 0.5+ says 3.13.14; gymhost is
+    tested on 3.13.0, where it runs): what the installer is told to resolve for, as gymhost's own venvs were made
+    with ``--ignore-requires-python``."""
+    declared = importlib.metadata.metadata("nemo-gym").get("Requires-Python")
+    try:
+        specifier = SpecifierSet(declared or "")
+    except InvalidSpecifier:
+        return None
+    here = ".".join(str(part) for part in sys.version_info[:3])
+    if specifier.contains(here, prereleases=True):
+        return None
+    floors = [spec.version for spec in specifier if spec.operator in (">=", "==", "~=")]
+    return floors[0] if floors else None
+
+
+def _run(command: list[str], what: str) -> None:
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        output = (done.stderr or done.stdout).strip().splitlines()
+        raise ServeError(f"building a folder's venv failed ({what}): {' | '.join(output[-8:])}")
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -1,0 +1,119 @@
+"""Who this process is, whatever apps it serves: its replica id, its worker index among the replica's worker
+processes, and this start of it; where its siblings are; and the gymhost process it dies with, if another started it.
+
+A session is owned by the process that seeded it: its signed cookie and its MCP token carry the owner (``owner()``).
+A request for a session another worker of this replica owns, or another replica that said where it listens
+(``--advertise-url``), is forwarded there (``route()``, ``_forwarding``); one whose owner is gone (a replica with no
+address, a worker or replica since restarted) is told its episode is lost instead of being served as a new one.
+
+A process another gymhost process started (a worker, a gateway's process mount) dies with it (``follow_parent``): the
+kernel sends it SIGTERM when its parent dies, and, its parent gone, it stops at once instead of draining for nobody
+(``_drain``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import secrets
+import signal
+import socket
+from typing import Any
+
+from .._config import REPLICA_ENV_VAR
+
+__all__ = ["OWNER_KEY", "Owner", "ProcessState", "die_with_parent", "process_state"]
+
+# {"replica": id, "worker": index, "start": this start's nonce, "url": where the replica listens, if it said}: stamped
+# into sessions and MCP tokens.
+Owner = dict[str, Any]
+Target = tuple[str, str]  # ("worker", a sibling worker's Unix socket path) or ("replica", another replica's URL)
+WORKER_ENV_VAR = "GYMHOST_WORKER"  # index of this worker among the replica's (set by the supervisor, ``_workers``)
+WORKERS_DIR_ENV_VAR = "GYMHOST_WORKERS_DIR"  # where each worker listens for forwarded requests: worker-<i>.sock
+OWNER_KEY = "gymhost_owner"  # where a session cookie and an MCP token carry their owner
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(signum: int) -> None:
+    """Have the kernel send this process ``signum`` when the process that started it dies (Linux)."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum)
+
+
+class ProcessState:
+    def __init__(self) -> None:
+        self.start = secrets.token_hex(4)  # differs between two starts of a replica with the same id
+        self.replica = os.environ.get(REPLICA_ENV_VAR) or f"{socket.gethostname()}:{os.getpid()}"
+        self.worker = int(os.environ.get(WORKER_ENV_VAR, "0"))
+        self.workers_dir = os.environ.get(WORKERS_DIR_ENV_VAR) or None
+        self.advertise_url: str | None = None
+        self.parent: int | None = None  # the gymhost process this one dies with, if another started it
+
+    def follow_parent(self, parent: int) -> None:
+        """Die with ``parent``, the process that started this one: SIGTERM when it dies (``PR_SET_PDEATHSIG``), and
+        exit now if it is already gone."""
+        self.parent = parent
+        die_with_parent(signal.SIGTERM)
+        if os.getppid() != parent:  # it died before the line above took effect
+            os._exit(1)
+
+    @property
+    def orphaned(self) -> bool:
+        """Whether the process that started this one has died: nobody is left to drain for."""
+        return self.parent is not None and os.getppid() != self.parent
+
+    def configure(self, *, replica: str | None, port: int | None = None, advertise_url: str | None = None) -> None:
+        """The replica id: given (``--replica-id``, ``GYMHOST_REPLICA_ID``), else this host and the port served; and
+        the URL other replicas forward this one's sessions to, if it has one."""
+        self.advertise_url = advertise_url.rstrip("/") if advertise_url else None
+        if replica:
+            self.replica = replica
+        elif os.environ.get(REPLICA_ENV_VAR):
+            self.replica = os.environ[REPLICA_ENV_VAR]
+        elif port is not None:
+            self.replica = f"{socket.gethostname()}:{port}"
+
+    def become_worker(self, index: int, workers_dir: str) -> None:
+        """In a worker process the supervisor just forked: an identity and a start of its own."""
+        self.worker, self.workers_dir = index, workers_dir
+        self.start = secrets.token_hex(4)
+
+    def owner(self) -> Owner:
+        owner: Owner = {"replica": self.replica, "worker": self.worker, "start": self.start}
+        if self.advertise_url:
+            owner["url"] = self.advertise_url
+        return owner
+
+    def describe(self, owner: Any) -> str:
+        """Whose a session is, for a message: another replica, another worker, or an earlier start of either."""
+        if not isinstance(owner, dict) or not owner.get("replica"):
+            return "a process that did not say who it is (a session from before this server's version)"
+        worker, start = owner.get("worker", 0), owner.get("start")
+        if owner.get("replica") != self.replica:
+            return f"replica {owner['replica']} (worker {worker}, start {start}), not this one ({self.replica})"
+        if worker != self.worker:
+            return f"worker {worker} of this replica ({self.replica}, start {start}), which is gone"
+        return f"an earlier start of this replica ({self.replica}, worker {worker}, start {start}; now {self.start})"
+
+    def is_mine(self, owner: Any) -> bool:
+        return (
+            isinstance(owner, dict)
+            and owner.get("replica") == self.replica
+            and owner.get("worker", 0) == self.worker
+            and owner.get("start") == self.start
+        )
+
+    def route(self, owner: Any) -> Target | None:
+        """Where a session that is not this process's lives, if this process can reach it: a sibling worker's
+        socket, or the URL another replica advertised. None: its owner is gone, or never said where it is."""
+        if not isinstance(owner, dict) or not owner.get("replica"):
+            return None
+        if owner["replica"] == self.replica:
+            worker = owner.get("worker", 0)
+            if worker == self.worker or self.workers_dir is None or not isinstance(worker, int):
+                return None  # this worker, restarted since: the session is lost
+            return "worker", os.path.join(self.workers_dir, f"worker-{worker}.sock")
+        url = owner.get("url")
+        return ("replica", str(url)) if isinstance(url, str) and url.startswith(("http://", "https://")) else None
+
+
+process_state = ProcessState()

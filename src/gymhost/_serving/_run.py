@@ -1,0 +1,251 @@
+"""Running an ASGI app on a socket, under uvicorn or hypercorn.
+
+Configuration (``ServeConfig``, in ``_config``) is kept apart from running, as uvicorn does. gymhost binds the
+listening socket itself and hands it to the ASGI server: that is what lets ``--port 0`` report the port it got
+before the app is built (the app is told its real address), and what turns a busy port into one clear
+``ServeError`` line instead of each server's own traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import gc
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import stat
+from collections.abc import Sequence
+from typing import Any, cast
+
+import uvicorn
+
+from .._config import SERVERS, ServeConfig
+from .._exceptions import ServeError
+from .._hosting._lifespan import LifespanRunner
+from .._logging import logging_config
+from .._process._drain import drain
+from .._process._identity import process_state
+from ._accepting import Acceptor, ListenWatch
+
+logger = logging.getLogger("gymhost")
+
+__all__ = ["bind_socket", "bind_unix_socket", "freeze_imported_heap", "is_loopback", "run_app", "url_of"]
+
+
+def freeze_imported_heap() -> None:
+    """Move everything alive now out of the garbage collector's sight, once the app is built.
+
+    What the imports created (nemo-gym imports Ray, MLflow, OpenAI and more: millions of objects) lives as long as
+    the server; frozen, the collector stops walking it on every collection, which took p99 latency from hundreds to
+    tens of ms. ``gymhost serve`` and ``asgi.py`` both call this after building their app.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def bind_socket(host: str, port: int, backlog: int = ServeConfig.backlog) -> socket.socket:
+    """A listening TCP socket on ``host:port`` (``port`` 0 takes a free one) whose queue holds ``backlog``
+    connections not yet accepted (the kernel caps it at ``net.core.somaxconn``, which is said when it does)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as error:
+        sock.close()
+        if error.errno == errno.EADDRINUSE:
+            raise ServeError(f"{host}:{port} is already in use; choose another --port (0 picks a free one)") from None
+        if error.errno == errno.EADDRNOTAVAIL or isinstance(error, socket.gaierror):
+            raise ServeError(f"cannot bind {host}:{port}: {host} is not an address of this machine") from None
+        raise ServeError(f"cannot bind {host}:{port}: {error.strerror or error}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def bind_unix_socket(path: str, backlog: int = ServeConfig.backlog) -> socket.socket:
+    """A listening Unix socket at ``path``, replacing a stale socket file there."""
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.stat(path).st_mode):
+            os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(backlog)
+    except OSError as error:
+        sock.close()
+        raise ServeError(f"cannot listen on {path}: {error.strerror or error}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def is_loopback(host: str) -> bool:
+    """Whether only this machine can reach ``host`` (a name is resolved: "localhost" is loopback)."""
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return all(ipaddress.ip_address(str(info[4][0]).split("%")[0]).is_loopback for info in infos)
+
+
+def url_of(sock: socket.socket) -> str:
+    if sock.family == socket.AF_UNIX:
+        return f"unix:{sock.getsockname()}"
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def run_app(app: Any, sock: socket.socket, config: ServeConfig, extra_sockets: Sequence[socket.socket] = ()) -> None:
+    """Serve ``app`` on ``sock`` (and ``extra_sockets``: a worker's socket for forwarded requests) until SIGINT or
+    SIGTERM; both servers run the app's lifespan."""
+    freeze_imported_heap()
+    lifespan = LifespanRunner(app)
+    sockets = [sock, *extra_sockets]
+    try:
+        if config.server == "uvicorn":
+            _run_uvicorn(lifespan, sockets, config)
+        elif config.server == "hypercorn":
+            _run_hypercorn(lifespan, sockets, config)
+        else:
+            raise ServeError(f"unknown server {config.server!r}; expected one of {', '.join(SERVERS)}")
+    except (Exception, SystemExit) as error:  # uvicorn exits, hypercorn raises, when the lifespan fails
+        if lifespan.startup_error is not None:
+            raise ServeError(lifespan.startup_error) from None
+        if isinstance(error, ServeError):
+            raise
+        raise ServeError(f"{config.server} stopped: {error!r}; its log above says more") from error
+
+
+def _run_uvicorn(app: Any, sockets: list[socket.socket], config: ServeConfig) -> None:
+    server = _DrainingUvicorn(
+        uvicorn.Config(
+            app,
+            log_config=logging_config(config.log_format, config.log_level),
+            log_level=config.log_level,
+            access_log=config.access_log,
+            timeout_keep_alive=config.timeout_keep_alive,
+            timeout_graceful_shutdown=config.graceful_timeout,
+            root_path=config.root_path,
+            lifespan="on",
+            # "auto" picks httptools and uvloop, both gymhost dependencies: several times h11 and asyncio's speed.
+            http="auto",
+            loop="auto",
+        ),
+        drain_timeout=config.drain_timeout,
+        backlog=config.backlog,
+    )
+    server.run(sockets=sockets)
+    if not server.started:
+        raise ServeError("uvicorn stopped before serving; its log above says why")
+
+
+class _DrainingUvicorn(uvicorn.Server):
+    """uvicorn's server, with gymhost's own accept loop (``_accepting``: no connection refused in silence) and a
+    drain before its shutdown (``_process._drain``): uvicorn's own graceful shutdown starts when the drain ends; a
+    signal the drain does not take stops at once, as uvicorn's second signal does."""
+
+    def __init__(self, config: Any, *, drain_timeout: float, backlog: int) -> None:
+        super().__init__(config)
+        self.drain_timeout = drain_timeout
+        self.backlog = backlog
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        """uvicorn's startup for the sockets gymhost bound, accepting with ``Acceptor`` instead of
+        ``loop.create_server``."""
+        self._loop = loop = asyncio.get_running_loop()
+        await self.lifespan.startup()
+        if self.lifespan.should_exit:
+            raise SystemExit(3)  # uvicorn's STARTUP_FAILURE: the lifespan said why
+        config = self.config
+        protocol_class: Any = config.http_protocol_class  # uvicorn's H11 or httptools protocol, built as it builds it
+
+        def create_protocol(_loop: asyncio.AbstractEventLoop | None = None) -> asyncio.Protocol:
+            protocol: asyncio.Protocol = protocol_class(
+                config=config, server_state=self.server_state, app_state=self.lifespan.state, _loop=_loop
+            )
+            return protocol
+
+        acceptors = [Acceptor(loop, sock, create_protocol) for sock in sockets or []]
+        for acceptor in acceptors:
+            acceptor.start()
+        self.servers = cast("list[Any]", acceptors)  # uvicorn's shutdown calls close() and wait_closed() on each
+        if process_state.worker == 0:  # the host's counter: one process of a replica reads it
+            self._watch = loop.create_task(ListenWatch(self.backlog).run(), name="gymhost-listen-watch")
+        self.started = True
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        await super().shutdown(sockets=sockets)
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        loop = self._loop
+        if loop is None or not drain.signalled():
+            super().handle_exit(sig, frame)  # uvicorn's: exit, re-raising the signal once it has shut down
+            self.force_exit = drain.draining or process_state.orphaned
+            return
+
+        async def drained() -> None:
+            await drain.wait(self.drain_timeout)
+            super(_DrainingUvicorn, self).handle_exit(sig, frame)
+
+        def begin() -> None:
+            loop.create_task(drained())
+
+        loop.call_soon_threadsafe(begin)
+
+
+def _run_hypercorn(app: Any, sockets: list[socket.socket], config: ServeConfig) -> None:
+    try:
+        from hypercorn.asyncio import serve
+        from hypercorn.config import Config
+    except ImportError:
+        raise ServeError("hypercorn is not installed: pip install 'gymhost[hypercorn]'") from None
+
+    hypercorn_config = Config()
+    # A duplicate, because hypercorn closes the socket it was given and gymhost closes its own.
+    hypercorn_config.bind = [f"fd://{os.dup(sock.fileno())}" for sock in sockets]
+    hypercorn_config.loglevel = config.log_level.upper()
+    hypercorn_config.keep_alive_timeout = config.timeout_keep_alive
+    hypercorn_config.graceful_timeout = config.graceful_timeout
+    hypercorn_config.root_path = config.root_path
+    hypercorn_config.accesslog = "-" if config.access_log else None
+    hypercorn_config.logconfig_dict = logging_config(config.log_format, config.log_level)
+
+    async def main() -> None:
+        # A shutdown trigger of our own: the first SIGTERM or SIGINT drains, then hypercorn shuts down gracefully;
+        # a second one shuts down at once.
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        drains: list[asyncio.Task[None]] = []  # held, so the task is not collected while it runs
+
+        def on_signal() -> None:
+            if not drain.signalled():
+                stop.set()
+                return
+
+            async def drained() -> None:
+                await drain.wait(config.drain_timeout)
+                stop.set()
+
+            drains.append(loop.create_task(drained()))
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, on_signal)
+        await serve(app, hypercorn_config, shutdown_trigger=stop.wait)
+
+    asyncio.run(main(), loop_factory=_uvloop_factory())
+
+
+def _uvloop_factory() -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

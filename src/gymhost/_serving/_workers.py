@@ -1,0 +1,166 @@
+"""Several worker processes on one host: ``gymhost serve --workers N``.
+
+The supervisor (the process ``gymhost serve`` started in) binds the listening socket and builds the app once, then
+forks N workers from that state; each runs the app's lifespan and serves the shared socket, and the kernel hands each
+new connection to one of them. Each worker also listens on a Unix socket of its own, where its siblings forward the
+requests of its sessions (``_forwarding``): every session names the worker that seeded it, so a request reaches the
+worker holding its episode whichever worker accepted the connection.
+
+Why forwarding between workers rather than a front process routing every request by owner: the kernel's spread of
+connections already balances new episodes, and a forwarded request costs its receiving worker one more parse and a
+Unix-socket round trip, where a front would parse every request of every worker on one core (the benchmarks
+measure the forward).
+
+The supervisor restarts a worker that dies; the sessions it held are lost, and answered as such (410, or a masked
+``session_lost`` verdict) by the new worker, whose start differs. SIGTERM or SIGINT reaches every worker, and each
+drains; a second one stops them at once. Workers die with the supervisor, SIGKILL included: the kernel signals them
+when it dies (``PR_SET_PDEATHSIG``, ``_process.follow_parent``) and, their supervisor gone, they stop at once rather
+than drain, so the port is free within seconds for the server an operator starts in its place. Metrics are
+aggregated across workers by prometheus_client's multiprocess mode, in a folder the supervisor makes before any
+metric has a value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .._config import SECRET_ENV_VAR, ServeConfig
+from .._exceptions import GymhostError, ServeError
+from .._metrics import share_metrics
+from .._process._identity import process_state
+
+__all__ = ["prepare_workers", "serve_workers"]
+
+logger = logging.getLogger("gymhost")
+
+_START_GRACE_S = 10.0  # a worker that exits sooner than this after its start failed to start
+_START_FAILURES = 3  # consecutive failed starts before the supervisor gives up
+
+
+def prepare_workers() -> Path:
+    """Before anything builds an app: the folder where workers listen and keep their metrics, and one signing
+    secret for all of them (each worker's own random secret would refuse its siblings' cookies)."""
+    folder = Path(tempfile.mkdtemp(prefix="gymhost-workers-"))
+    share_metrics(folder / "metrics")
+    if not os.environ.get(SECRET_ENV_VAR):
+        os.environ[SECRET_ENV_VAR] = secrets.token_urlsafe(32)  # shared by the workers, gone with them
+    return folder
+
+
+def serve_workers(
+    app: Any, sock: socket.socket, config: ServeConfig, workers: int, folder: Path, run: Callable[..., None]
+) -> None:
+    """Fork ``workers`` workers serving ``app`` on ``sock`` (``run`` is ``_serving.run_app``) and keep them up
+    until a signal stops them all."""
+    supervisor = _Supervisor(app, sock, config, workers, folder, run)
+    try:
+        supervisor.run()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class _Supervisor:
+    def __init__(
+        self, app: Any, sock: socket.socket, config: ServeConfig, workers: int, folder: Path, run: Callable[..., None]
+    ) -> None:
+        self.app, self.sock, self.config, self.workers, self.folder, self.run_app = (
+            app,
+            sock,
+            config,
+            workers,
+            folder,
+            run,
+        )
+        self.children: dict[int, tuple[int, float]] = {}  # pid -> (worker index, when it started)
+        self.stopping = 0  # signals received
+        self.failures = 0
+
+    def run(self) -> None:
+        for index in range(self.workers):
+            self._spawn(index)
+        handlers = {signum: signal.signal(signum, self._on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            while self.children:
+                pid, status = os.wait()
+                if pid not in self.children:
+                    continue
+                index, started = self.children.pop(pid)
+                self._forget(pid)
+                if self.stopping:
+                    continue
+                code = os.waitstatus_to_exitcode(status)
+                if code != 0 and time.monotonic() - started < _START_GRACE_S:
+                    self.failures += 1
+                    if self.failures >= _START_FAILURES:
+                        self._stop_all(signal.SIGKILL)
+                        raise ServeError(
+                            f"worker {index} failed to start {self.failures} times; its log above says why"
+                        )
+                    time.sleep(1.0)
+                else:
+                    self.failures = 0
+                logger.warning("gymhost: worker %d (pid %d) exited with %d; starting it again", index, pid, code)
+                self._spawn(index)
+        finally:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """The first signal drains every worker; a second stops them at once (each worker counts its own)."""
+        self.stopping += 1
+        self._stop_all(signum)
+
+    def _stop_all(self, signum: int) -> None:
+        for pid in list(self.children):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signum)
+
+    def _forget(self, pid: int) -> None:
+        with contextlib.suppress(Exception):  # a dead worker's live gauges no longer count
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+    def _spawn(self, index: int) -> None:
+        parent = os.getpid()
+        pid = os.fork()
+        if pid:
+            self.children[pid] = (index, time.monotonic())
+            return
+        code = 1
+        try:
+            code = self._worker(index, parent)
+        except GymhostError as error:
+            print(f"Error: worker {index}: {error}", file=sys.stderr, flush=True)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+
+    def _worker(self, index: int, parent: int) -> int:
+        """In the forked worker: die with the supervisor, take an identity, listen for forwards, serve."""
+        process_state.follow_parent(parent)  # the supervisor killed: stop at once, with nobody left to drain for
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_DFL)  # the ASGI server installs its own
+        process_state.become_worker(index, str(self.folder))
+        path = self.folder / f"worker-{index}.sock"
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        forwards = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        forwards.bind(str(path))
+        forwards.listen(self.config.backlog)  # a burst forwards thousands at once
+        self.run_app(self.app, self.sock, self.config, extra_sockets=[forwards])
+        return 0

@@ -1,0 +1,209 @@
+"""The agentenv protocol's two source kinds: ``bundle`` (gymhost's bundle format: an ``env.py`` holding one
+``AgentEnvEnvironment``, with gymhost task files, whose instances the server runs, one process each or inside it) and
+``urls`` (instances someone else runs, with tasks given to ``gymhost write --tasks``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from agentenv_protocol.client import find_extension
+
+from ..._exceptions import FolderError
+from .._backend import Backend, Catalog, Launcher, ServerFolder, Source, WriteOptions
+from .._catalog import checked
+from .._errors import CatalogError, DataPlaneError, EnvUnavailableError, SourceError
+from .._pool import Pool
+from .._settings import DEFAULT_MINIMUM, PoolSettings, SourceConfig
+from .._tasks import EnvironmentCriterion, ExtensionCriterion, Task, load_task_folder, load_tasks, write_task_folder
+from ._client import EnvClient
+from ._forking import BundleLauncher
+from ._launchers import ENTRY, InProcessLauncher, UrlLauncher
+
+__all__ = ["BUNDLE", "URLS", "BundleBackend", "UrlsBackend", "is_url"]
+
+IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".venv", ".git", ".pytest_cache", ".mypy_cache")
+
+
+def is_url(given: str) -> bool:
+    return given.startswith(("http://", "https://"))
+
+
+def refuse_url_options(given: str, options: WriteOptions) -> None:
+    """A bundle's source brings its own tasks and instances: the options of URL sources are refused."""
+    if options.prompt_field is not None:
+        raise SourceError(f"{given}: --prompt-field is for OpenEnv servers; a bundle's tasks hold their prompts")
+    if options.extra_urls:
+        raise SourceError("--url adds instances to an environment URL source; a bundle starts its own instances")
+    if options.tasks_file is not None:
+        raise SourceError(f"{given}: --tasks is for URL sources; a bundle's tasks are in its tasks/ folder")
+
+
+def refuse_python(given: str, options: WriteOptions) -> None:
+    if options.python is not None:
+        raise SourceError(f"{given}: --python runs agent-env's app for an agent-env bundle; this is not one")
+
+
+class _AgentEnvProtocol(Backend):
+    protocol = "agentenv"
+
+    def check_task(self, where: str, task: Task, catalog: Catalog) -> None:
+        if task.tools is not None:
+            raise CatalogError(
+                f"{where}: task {task.id!r}: tools of its own are for OpenEnv environments whose tools exist only "
+                f"inside an episode; agentenv environment {catalog.name!r} lists its tools on its card"
+            )
+        if task.seed.reset is not None:
+            raise CatalogError(
+                f"{where}: task {task.id!r}: seed.reset is for OpenEnv environments; {catalog.name!r} is an "
+                "agentenv environment, seeded by seed.parts"
+            )
+        for criterion in task.grading.criteria:
+            if isinstance(criterion, EnvironmentCriterion):
+                raise CatalogError(
+                    f"{where}: task {task.id!r}: grades with the environment's own reward, which agentenv "
+                    f"environment {catalog.name!r} does not give; use state, response or extension criteria"
+                )
+            if isinstance(criterion, ExtensionCriterion) and find_extension(dict(catalog.card), criterion.uri) is None:
+                raise CatalogError(
+                    f"{where}: task {task.id!r}: grades with extension {criterion.uri}, which environment "
+                    f"{catalog.name!r} does not advertise on its card"
+                )
+
+    def what_it_does(self) -> str:
+        return """`/seed_session` leases an environment instance, resets it, loads the task's seed data and opens an MCP
+session; each tool route (`POST /<tool>`) forwards the call over MCP and answers the tool's text (HTTP 400 when the
+tool reports an error); `/verify` grades the episode from the task's criteria, tears it down and answers `reward`,
+with `mask_sample` true only when the infrastructure failed."""
+
+
+class BundleBackend(_AgentEnvProtocol):
+    kind = "bundle"
+    # A training run keeps hundreds of episodes open, each holding its instance while the model thinks, so the pool
+    # grows on demand. Process mode: instances are forked from a template that imported the environment once, each
+    # with memory of its own (benchmarks/README.md measures it), so 256 of them leave room on the 24 GiB machines this
+    # is tested on for environments heavier than gridsim; past that, seeds wait for releases. In-process, an idle
+    # instance costs little memory and the bound is CPU: 512.
+    default_instances: ClassVar[Mapping[str, tuple[int, int]]] = {
+        "process": (DEFAULT_MINIMUM, 256),
+        "in_process": (DEFAULT_MINIMUM, 512),
+    }
+
+    def launcher(self, source: SourceConfig, folder: ServerFolder) -> Launcher:
+        if not source.path:
+            raise FolderError(f"{folder.owner}: source.kind is bundle but source.path is not set")
+        bundle = folder.resolve(source.path, "bundle")
+        if not (bundle / ENTRY).is_file():
+            raise FolderError(f"{bundle}: no {ENTRY}; a bundle holds its environment in {ENTRY}")
+        if source.mode == "in_process":
+            return InProcessLauncher(bundle)
+        return BundleLauncher(bundle)
+
+    async def inspect(self, given: str, options: WriteOptions) -> Source | None:
+        if is_url(given):
+            return None
+        folder = Path(given)
+        if (folder / ENTRY).is_file():
+            refuse_python(given, options)
+        refuse_url_options(given, options)
+        if not folder.is_dir():
+            raise SourceError(
+                f"{folder}: not an http(s) URL and no such folder; expected a bundle or an environment URL"
+            )
+        bundle = folder.resolve()
+        if not (bundle / ENTRY).is_file():
+            raise SourceError(
+                f"{bundle}: no {ENTRY}; a bundle holds one AgentEnvEnvironment subclass in {ENTRY} (gymhost's format), "
+                "or tasks/<name>.json step lists (agent-env's)"
+            )
+        tasks = load_task_folder(bundle / "tasks")
+        files = {name: bundle / "tasks" / f"{name}.jsonl" for name in tasks}
+        if options.split is not None:
+            if options.split not in tasks:
+                raise SourceError(f"{bundle / 'tasks'}: no {options.split}.jsonl (splits: {', '.join(sorted(tasks))})")
+            tasks, files = {options.split: tasks[options.split]}, {options.split: files[options.split]}
+        pool = Pool(BundleLauncher(bundle), 1, 1, PoolSettings())  # one instance, with a server's default limits
+        await pool.start()
+        await pool.stop()
+        return checked(Source(self.kind, pool.catalog, [], tasks, files, bundle=bundle), self.check_task)
+
+    def source_fields(self, source: Source, instances: tuple[int, int], mode: str) -> list[tuple[str, Any, str]]:
+        return [
+            ("kind", self.kind, ""),
+            ("path", "bundle", ""),
+            ("mode", mode, ""),
+            ("instances", instances[0], "always up"),
+            ("max_instances", instances[1], "the most at once: started on demand, stopped after instance_idle_s free"),
+        ]
+
+    def copy_into(self, source: Source, folder: Path) -> str:
+        assert source.bundle is not None
+        shutil.copytree(source.bundle, folder / "bundle", ignore=IGNORED)
+        return "bundle/tasks"
+
+    def requirements(self, source: Source) -> list[str]:
+        own = source.bundle / "requirements.txt" if source.bundle is not None else None
+        if own is None or not own.is_file():
+            return []
+        lines = (line.strip() for line in own.read_text().splitlines())
+        return [line for line in lines if line and not line.startswith("#")]
+
+
+class UrlsBackend(_AgentEnvProtocol):
+    kind = "urls"
+
+    def launcher(self, source: SourceConfig, folder: ServerFolder) -> Launcher:
+        if not source.urls:
+            raise FolderError(f"{folder.owner}: source.kind is urls but source.urls is empty")
+        return UrlLauncher(source.urls)
+
+    def bounds(self, source: SourceConfig) -> tuple[int, int]:
+        return len(source.urls), len(source.urls)  # exactly its URLs
+
+    def instances(self, mode: str) -> tuple[int, int]:
+        return 1, 1  # unused: a URL source's instances are its URLs, and its config block names no count
+
+    async def inspect(self, given: str, options: WriteOptions) -> Source | None:
+        if not is_url(given):
+            return None
+        refuse_python(given, options)
+        if options.prompt_field is not None:
+            raise SourceError(f"{given}: --prompt-field is for OpenEnv servers, whose tasks carry their prompts")
+        if options.tasks_file is None:
+            raise SourceError(
+                f"{given}: not an OpenEnv server (GET /list_environments names no environment), and an agentenv "
+                "environment has no tasks of its own: give them with --tasks FILE"
+            )
+        tasks = {options.split or options.tasks_file.stem: load_tasks(options.tasks_file)}
+        files = {name: options.tasks_file.resolve() for name in tasks}
+        clients = [EnvClient(url, data_timeout=PoolSettings().data_timeout_s) for url in [given, *options.extra_urls]]
+        try:
+            catalogs = []
+            for client in clients:
+                try:
+                    catalogs.append(await client.describe())
+                except (EnvUnavailableError, DataPlaneError) as error:
+                    raise SourceError(f"{client.base_url}: no environment card answered: {error}") from None
+            names = {catalog.name for catalog in catalogs}
+            if len(names) > 1:
+                raise SourceError(f"the URLs serve different environments ({', '.join(sorted(names))}); a pool is one")
+            catalog = catalogs[0].with_hidden(await clients[0].hidden_tools(catalogs[0]))
+        finally:
+            await asyncio.gather(*(client.aclose() for client in clients))
+        urls = [client.base_url for client in clients]
+        return checked(Source(self.kind, catalog, [], tasks, files, urls=urls), self.check_task)
+
+    def source_fields(self, source: Source, instances: tuple[int, int], mode: str) -> list[tuple[str, Any, str]]:
+        return [("kind", self.kind, ""), ("urls", [json.dumps(url) for url in source.urls], "")]
+
+    def copy_into(self, source: Source, folder: Path) -> str:
+        write_task_folder(folder / "tasks", source.tasks, source.task_files)
+        return "tasks"
+
+
+BUNDLE = BundleBackend()
+URLS = UrlsBackend()

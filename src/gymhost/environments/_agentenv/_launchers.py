@@ -1,0 +1,198 @@
+"""Where a bundle's and a URL's agentenv instances come from (the process launcher is ``_forking``'s):
+
+- ``InProcessLauncher``: instances of the bundle's environment class inside the server, their card and data plane
+  reached through an in-memory ASGI transport and their tools called directly (``_direct``). Same protocol, same
+  behaviour, no process per episode: the way to hold hundreds of episodes.
+- ``UrlLauncher``: instances someone else runs; gymhost only talks to them.
+
+``load_environment_class`` imports a bundle's ``env.py``, for both kinds of bundle instances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib.util
+import inspect
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from ..._hosting._entrypoint import own_siblings
+from ..._logging import fastmcp_leaves_logging_alone
+from .._backend import Catalog, Instance, ToolSession, forever
+from .._errors import StartupError
+from .._settings import PoolSettings
+from ._client import EnvClient
+from ._direct import DirectToolSession
+from ._schema_cache import install as install_schema_cache
+
+__all__ = ["ENTRY", "InProcessClient", "InProcessLauncher", "UrlLauncher", "load_environment_class"]
+
+logger = logging.getLogger("gymhost.environments")
+
+ENTRY = "env.py"  # a bundle's environment module
+_STOP_GRACE_S = 5.0
+
+
+@dataclass(eq=False)
+class _Hosted:
+    """An in-process instance's app, whose lifespan runs in a task of its own (an anyio task group must be left in
+    the task that entered it, and instances are started and stopped from different tasks)."""
+
+    task: asyncio.Task[None]
+    stop: asyncio.Event
+
+
+def load_environment_class(bundle: Path) -> type[Any]:
+    """The one concrete ``AgentEnvEnvironment`` subclass ``bundle/env.py`` defines, imported with the bundle
+    folder importable (for its sibling modules) under a module name of its own."""
+    from agentenv_protocol import AgentEnvEnvironment
+
+    entry = bundle / ENTRY
+    name = f"gymhost_bundle_env_{hashlib.sha1(str(entry).encode()).hexdigest()[:10]}"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, entry)
+        if spec is None or spec.loader is None:
+            raise StartupError(f"{entry}: not an importable Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            # Its sibling modules are its own even when another bundle in this process has one of the same name.
+            with own_siblings(bundle, name):
+                spec.loader.exec_module(module)
+        except Exception as error:
+            del sys.modules[name]
+            raise StartupError(f"{entry}: importing it failed: {error!r}") from error
+    found = [
+        value
+        for value in vars(module).values()
+        if inspect.isclass(value)
+        and issubclass(value, AgentEnvEnvironment)
+        and value is not AgentEnvEnvironment
+        and value.__module__ == module.__name__
+        and not inspect.isabstract(value)
+    ]
+    if len(found) != 1:
+        names = ", ".join(sorted(cls.__name__ for cls in found)) or "none"
+        raise StartupError(f"{entry}: expected one AgentEnvEnvironment subclass, found {names}")
+    return found[0]
+
+
+class UrlLauncher:
+    """Instances someone else runs; gymhost only talks to them."""
+
+    owns_instances = False
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self.urls = [url.rstrip("/") for url in urls]
+        self.description = f"{len(self.urls)} environment URL(s)"
+
+    async def launch(self, index: int, settings: PoolSettings) -> Instance:
+        return Instance(index, EnvClient(self.urls[index], data_timeout=settings.data_timeout_s))
+
+    async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
+        await instance.client.aclose()
+
+    async def exited(self, instance: Instance) -> None:
+        await forever()  # a process elsewhere: its going quiet is how the pool hears of it
+
+    async def close(self) -> None:
+        pass
+
+
+class InProcessClient(EnvClient):
+    """An in-process instance's client: the card and the data plane through an in-memory ASGI transport, tool calls
+    straight on its FastMCP server (``_direct``), with no HTTP in between."""
+
+    def __init__(
+        self, base_url: str, *, mcp_app: Any, transport: httpx.AsyncBaseTransport, data_timeout: float
+    ) -> None:
+        super().__init__(base_url, transport=transport, data_timeout=data_timeout)
+        self._mcp_app = mcp_app
+
+    def tool_session(self, catalog: Catalog, *, role: str | None, timeout: float) -> ToolSession:
+        return DirectToolSession(self._mcp_app, role=role, timeout=timeout)
+
+
+class InProcessLauncher:
+    """Instances of the bundle's environment class inside this process: the same card, data plane and tools as a
+    process instance, without the process. The card and data plane are reached through an in-memory ASGI transport,
+    tool calls directly on the server object (``InProcessClient``)."""
+
+    owns_instances = True
+
+    def __init__(self, bundle: Path) -> None:
+        self.bundle = bundle
+        self.description = f"bundle {bundle} (in-process)"
+
+    async def launch(self, index: int, settings: PoolSettings) -> Instance:
+        environment_class = load_environment_class(self.bundle)
+        if index == 0:
+            _warn_about_blocking_handlers(environment_class)
+        environment = environment_class()
+        install_schema_cache()
+        with fastmcp_leaves_logging_alone():
+            mcp_app = environment.create_app()
+            app = mcp_app.streamable_http_app()
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        stop = asyncio.Event()
+        task = asyncio.create_task(_host(app, started, stop), name=f"gymhost-env-instance-{index}")
+        await started
+        transport = httpx.ASGITransport(app=app)
+        url = f"http://instance-{index}.in-process"
+        client = InProcessClient(url, mcp_app=mcp_app, transport=transport, data_timeout=settings.data_timeout_s)
+        return Instance(index, client, hosted=_Hosted(task, stop))
+
+    async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
+        await instance.client.aclose()
+        if instance.hosted is not None:
+            instance.hosted.stop.set()
+            try:
+                await asyncio.wait_for(asyncio.shield(instance.hosted.task), _STOP_GRACE_S if graceful else 0.1)
+            except TimeoutError:
+                instance.hosted.task.cancel()
+            except Exception as error:
+                logger.warning("in-process environment instance %s stopped with %r", instance.index, error)
+
+    async def exited(self, instance: Instance) -> None:
+        assert instance.hosted is not None
+        await asyncio.wait([instance.hosted.task])  # its app's lifespan ended: stopped, or crashed
+
+    async def close(self) -> None:
+        pass
+
+
+def _warn_about_blocking_handlers(environment_class: type[Any]) -> None:
+    """In-process, a handler that is not ``async`` runs on the server's event loop: while it runs, every episode
+    and every request waits, and no timeout can interrupt it. Process mode has no such limit."""
+    blocking = sorted(
+        name
+        for name, member in inspect.getmembers(environment_class, inspect.isfunction)
+        if any(hasattr(member, marker) for marker in ("_aee_tool", "_aee_op", "_aee_ext"))
+        and not inspect.iscoroutinefunction(member)
+    )
+    if blocking:
+        logger.warning(
+            "%s: %s are not async; in-process instances run them on the server's event loop, where they block "
+            "every other episode while they run (process mode does not)",
+            environment_class.__name__,
+            ", ".join(blocking),
+        )
+
+
+async def _host(app: Any, started: asyncio.Future[None], stop: asyncio.Event) -> None:
+    try:
+        async with app.router.lifespan_context(app):
+            started.set_result(None)
+            await stop.wait()
+    except BaseException as error:
+        if started.done():
+            raise
+        started.set_exception(StartupError(f"an in-process environment instance did not start: {error!r}"))

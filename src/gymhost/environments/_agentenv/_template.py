@@ -1,0 +1,153 @@
+"""Instance processes of a bundle: a template process that imports once and forks an instance per request.
+
+``python -m gymhost.environments._agentenv._template BUNDLE`` is the template. Starting an instance process from
+scratch costs hundreds of milliseconds of CPU, nearly all of it imports (mcp, uvicorn, pydantic, the environment's
+module), and tens of MB of memory of its own (``benchmarks/README.md`` has the numbers); a pool that grows by tens of
+instances under a training batch spends its cores on that. The template imports all of it once, then forks: an
+instance is up in milliseconds, and shares the imported pages with its siblings until it writes to them.
+
+The protocol on the template's stdin and stdout, one line each way:
+
+- the template says ``gymhost-template fork`` once it has imported everything (``nofork``, and exits, when the
+  environment's import started threads, which a fork would not carry over: then the launcher starts each instance
+  as a process of its own, ``--serve PATH``);
+- ``spawn PATH`` asks for an instance serving on the Unix socket PATH; the template answers ``spawned PID`` at once,
+  and the instance binds PATH when it is ready (the pool waits for its card to answer there).
+
+No instance outlives the server. The template exits when its stdin reaches end of file, which happens when the
+server closes it or dies by any signal; each instance asks the kernel to kill it when the template exits
+(``PR_SET_PDEATHSIG``). Everything an environment prints goes to stderr: stdout carries the protocol only.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..._process._identity import die_with_parent
+from .._errors import StartupError
+from ._forking import SPAWNED, TEMPLATE_READY
+from ._launchers import load_environment_class
+from ._schema_cache import install as install_schema_cache
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) == 1:
+        _template(Path(argv[0]).resolve())
+    elif len(argv) == 3 and argv[1] == "--serve":
+        _quiet_stdout()
+        threading.Thread(target=_exit_at_end_of_stdin, name="parent-watch", daemon=True).start()
+        _serve(_load(Path(argv[0]).resolve()), argv[2])
+    else:
+        raise SystemExit("usage: python -m gymhost.environments._agentenv._template BUNDLE [--serve SOCKET_PATH]")
+
+
+def _template(bundle: Path) -> None:
+    replies = _quiet_stdout()
+    environment_class = _load(bundle)
+    _preload()
+    forks = threading.active_count() == 1 and hasattr(os, "fork")
+    _say(replies, f"{TEMPLATE_READY} {'fork' if forks else 'nofork'}")
+    if not forks:
+        return  # the launcher starts each instance with --serve instead
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the instances; the server watches them by pidfd
+    gc.collect()
+    gc.freeze()  # what is imported now is never written by the collector again: the pages stay shared
+    template = os.getpid()
+    for line in sys.stdin:
+        command, _, path = line.strip().partition(" ")
+        if command != "spawn" or not path:
+            continue
+        pid = os.fork()
+        if pid == 0:
+            replies.close()  # the protocol is the template's
+            _instance(environment_class, path, template)
+        _say(replies, f"{SPAWNED} {pid}")
+    os._exit(0)  # the server is gone or done with us: the instances follow (PR_SET_PDEATHSIG)
+
+
+def _instance(environment_class: type[Any], path: str, template: int) -> None:
+    """In the forked child: die with the template, leave its pipes alone, serve until stopped."""
+    try:
+        die_with_parent(signal.SIGKILL)
+        if os.getppid() != template:  # the template died before the line above took effect
+            os._exit(1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)  # the template's command pipe is not ours to read
+        os.close(devnull)
+        _serve(environment_class, path)
+    except BaseException as error:  # nothing may return into the template's loop
+        print(f"gymhost: environment instance {os.getpid()} stopped: {error!r}", file=sys.stderr, flush=True)
+        os._exit(1)
+    os._exit(0)
+
+
+def _serve(environment_class: type[Any], path: str) -> None:
+    import uvicorn
+
+    environment = environment_class()
+    app = environment.create_app().streamable_http_app()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(1024)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    server.run(sockets=[sock])
+
+
+def _load(bundle: Path) -> type[Any]:
+    # FastMCP configures INFO logging of every MCP request unless logging is configured first.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        environment_class = load_environment_class(bundle)
+    except StartupError as error:
+        raise SystemExit(str(error)) from None
+    install_schema_cache()  # instance processes check tool results against their schemas as in-process ones do
+    return environment_class
+
+
+def _preload() -> None:
+    """What an instance imports on its way to serving, imported before the fork instead of in every instance."""
+    import mcp.server.fastmcp  # noqa: F401
+    import uvicorn
+    import uvicorn.lifespan.on
+    import uvicorn.loops.auto
+    import uvicorn.protocols.http.auto  # noqa: F401
+
+    for optional in ("uvloop", "httptools", "uvicorn.loops.uvloop", "uvicorn.protocols.http.httptools_impl"):
+        try:
+            __import__(optional)
+        except ImportError:
+            continue
+
+
+def _quiet_stdout() -> TextIO:
+    """The real stdout for the protocol; file descriptor 1 becomes stderr, for whatever the environment prints."""
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    return replies
+
+
+def _say(replies: TextIO, line: str) -> None:
+    replies.write(line + "\n")
+    replies.flush()
+
+
+def _exit_at_end_of_stdin() -> None:
+    """Block until the server closes our stdin or dies, then exit: nobody writes to it but the server."""
+    try:
+        while sys.stdin.buffer.read(65536):
+            pass
+    finally:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

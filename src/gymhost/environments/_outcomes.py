@@ -1,0 +1,128 @@
+"""How an episode ends: a verdict, or a failure named in nemo-gym's vocabulary.
+
+The line this module keeps: a sample is masked (``mask_sample``) only when the infrastructure failed, with a
+``failure_kind`` from nemo-gym's shared vocabulary (``nemo_gym.failure_kinds``) where it has a name, else one of
+gymhost's own, namespaced ``agentenv:``. A grader that ran and said 0 is a genuine 0. ``classify`` names the failure
+an error means; ``breaks_instance`` says whether it leaves the instance unfit for another episode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import httpx
+
+from .._nemo_gym import PROVIDER_UNAVAILABLE, SESSION_LOST
+from ._errors import (
+    DataPlaneError,
+    EnvAtCapacityError,
+    EnvDroppedError,
+    EnvFailedError,
+    EnvTimeoutError,
+    EnvUnavailableError,
+    MalformedReplyError,
+    McpSessionError,
+    PoolExhaustedError,
+)
+from ._grading import CriterionResult
+
+__all__ = [
+    "CANCELLED",
+    "DATA_PLANE_ERROR",
+    "ENVIRONMENT_ERROR",
+    "INTERNAL_ERROR",
+    "MALFORMED_REPLY",
+    "NO_INSTANCE",
+    "NO_REWARD",
+    "PEER_DROP",
+    "SESSION_EXPIRED",
+    "SESSION_LOST",
+    "SHUTDOWN",
+    "TIMEOUT",
+    "UNREACHABLE",
+    "VERIFIER_ERROR",
+    "Failure",
+    "Verdict",
+    "breaks_instance",
+    "classify",
+    "refusal_status",
+]
+
+NO_INSTANCE = PROVIDER_UNAVAILABLE
+UNREACHABLE = "transport_unreachable"
+PEER_DROP = "transport_peer_drop"
+TIMEOUT = "transport_timeout"
+SESSION_EXPIRED = "session_expired"
+CANCELLED = "cancelled"
+VERIFIER_ERROR = "verifier_error"
+SHUTDOWN = "shutdown"
+DATA_PLANE_ERROR = "agentenv:data_plane_error"
+MALFORMED_REPLY = "agentenv:malformed_reply"
+INTERNAL_ERROR = "agentenv:internal_error"
+# An OpenEnv environment's own failures: an episode it ended with an error (agent-env: a deploy, a verifier or a
+# reward that failed), and one it ended without giving any reward. Neither says how the model did.
+ENVIRONMENT_ERROR = "openenv:environment_error"
+NO_REWARD = "openenv:no_reward"
+# Failures that say the instance itself is broken: it is replaced (a bundle) or probed (a URL) before reuse.
+_BREAKS_INSTANCE = frozenset({UNREACHABLE, PEER_DROP, TIMEOUT, SESSION_LOST, MALFORMED_REPLY})
+
+
+@dataclass(frozen=True)
+class Failure:
+    kind: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Verdict:
+    task_id: str | None
+    reward: float
+    criteria: list[CriterionResult] = field(default_factory=list)
+    failure: Failure | None = None
+
+    @classmethod
+    def masked(cls, task_id: str | None, failure: Failure) -> Verdict:
+        return cls(task_id, 0.0, [], failure)
+
+
+# Where a verify answer cannot carry ``mask_sample`` (nemo-gym 0.4.0), a masked verdict is an HTTP error whose
+# status says what was lost: the episode itself (410, as Gym's session routing answers a session whose owner is gone),
+# the service for now (503), or the environment behind it (502).
+_GONE = frozenset({SESSION_LOST, SESSION_EXPIRED, CANCELLED})
+_UNAVAILABLE = frozenset({NO_INSTANCE, SHUTDOWN})
+
+
+def refusal_status(failure: Failure) -> int:
+    """The status of a masked verdict refused rather than answered (``_nemo_gym.verdicts_carry_mask``)."""
+    if failure.kind in _GONE:
+        return 410
+    return 503 if failure.kind in _UNAVAILABLE else 502
+
+
+def breaks_instance(failure: Failure | None) -> bool:
+    """Whether an episode that ended with ``failure`` leaves its instance unfit to serve another one."""
+    return failure is not None and failure.kind in _BREAKS_INSTANCE
+
+
+def classify(error: BaseException, *, stage: str) -> Failure:
+    """Name an infrastructure failure in nemo-gym's vocabulary; ``stage`` says what was being done."""
+    reason = f"{stage}: {error}"
+    if isinstance(error, PoolExhaustedError | EnvAtCapacityError):
+        return Failure(NO_INSTANCE, reason)
+    if isinstance(error, TimeoutError | httpx.TimeoutException | EnvTimeoutError):
+        return Failure(TIMEOUT, reason)
+    if isinstance(error, EnvDroppedError):
+        return Failure(PEER_DROP, reason)
+    if isinstance(error, EnvUnavailableError | httpx.TransportError):
+        return Failure(UNREACHABLE, reason)
+    if isinstance(error, EnvFailedError):
+        return Failure(error.kind or ENVIRONMENT_ERROR, reason)
+    if isinstance(error, MalformedReplyError):  # before McpSessionError: an MCP reply that is not MCP is this one
+        return Failure(MALFORMED_REPLY, reason)
+    if isinstance(error, McpSessionError):
+        return Failure(SESSION_LOST, reason)
+    if isinstance(error, DataPlaneError):
+        return Failure(DATA_PLANE_ERROR, reason)
+    if stage == "grading":  # a grade extension that failed, or answered no score
+        return Failure(VERIFIER_ERROR, reason)
+    return Failure(INTERNAL_ERROR, f"{stage}: {error!r}")

@@ -1,0 +1,339 @@
+"""``AgentEnvResourcesServer``: a NeMo Gym resources server in front of an environment of any protocol gymhost
+speaks (the backend the config's ``source.kind`` names, ``_registry``; the rest does not know which).
+
+A written folder's ``app.py`` subclasses it (to say where the folder is) and Gym's launcher, ``gymhost serve`` or
+``create_app`` runs it like any resources server. This module is the Gym-facing glue only: it turns
+``/seed_session``, ``POST /<tool>``, ``/verify`` and ``/close_session`` into calls on ``Episodes`` and their
+answers into Gym's response models. It serves both session flows: the cookie flow verifiers and Gym's
+agents use, and nemo-gym 0.7.0's ``resources_session_id`` flow, where the caller names the session.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, ClassVar
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from nemo_gym import base_resources_server as gym
+from nemo_gym.server_utils import SESSION_ID_KEY
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+
+from .._exceptions import FolderError
+from .._hosting._lifespan import wrap_lifespan
+from .._nemo_gym import verdicts_carry_mask
+from ._backend import ServerFolder
+from ._episodes import Episodes
+from ._errors import EpisodeStateError, SessionConflictError, UnknownTaskError
+from ._outcomes import Verdict, refusal_status
+from ._pool import Pool
+from ._registry import backend_of
+from ._settings import EpisodeFields, EpisodeSettings, PoolFields, PoolSettings, SourceConfig
+from ._tasks import Task, load_task_folder
+
+__all__ = ["AgentEnvResourcesServer", "AgentEnvResourcesServerConfig"]
+
+# nemo-gym 0.5+ has the Environment Server session contract; 0.4.0 knows only the cookie flow.
+_RESOURCES_FLOW = hasattr(gym, "ResourcesSeedSessionRequest")
+_MASKABLE = verdicts_carry_mask()
+
+
+class AgentEnvResourcesServerConfig(gym.BaseResourcesServerConfig, PoolFields, EpisodeFields):  # type: ignore[misc]
+    """A written server's config block: Gym's fields, the environment and its source, and the limits (declared, with
+    their defaults, in ``_config``)."""
+
+    environment: str = Field(description="The environment card's name; startup refuses any other environment.")
+    source: SourceConfig
+    tasks: str = Field(default="tasks", description="Folder of <split>.jsonl task files, relative to the server folder")
+
+    @field_validator("source")
+    @classmethod
+    def _known_kind(cls, source: SourceConfig) -> SourceConfig:
+        backend_of(source.kind)  # the registry is above the settings its backends read: checked here, not there
+        return source
+
+
+class AgentEnvSeedRequest(gym.BaseSeedSessionRequest):  # type: ignore[misc]
+    model_config = ConfigDict(extra="allow")
+
+    task_id: str
+    split: str | None = None
+
+
+class AgentEnvVerifyRequest(gym.BaseVerifyRequest):  # type: ignore[misc]
+    model_config = ConfigDict(extra="allow")
+
+    task_id: str | None = None
+
+
+class AgentEnvCloseRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class CriterionScore(BaseModel):
+    id: str
+    kind: str
+    score: float
+    detail: str
+
+
+class AgentEnvVerifyResponse(gym.BaseVerifyResponse):  # type: ignore[misc]
+    model_config = ConfigDict(extra="allow")
+
+    # Declared here too because nemo-gym 0.4.0's BaseVerifyResponse has only `reward`.
+    mask_sample: bool = False
+    failure_kind: str | None = None
+    failure_reason: str | None = None
+    criteria: list[CriterionScore] = Field(default_factory=list)
+
+
+if _RESOURCES_FLOW:
+    SeedBody: Any = gym.ResourcesSeedSessionRequest | AgentEnvSeedRequest
+    CloseBody: Any = gym.ResourcesCloseSessionRequest | AgentEnvCloseRequest
+else:
+    SeedBody = AgentEnvSeedRequest
+    CloseBody = AgentEnvCloseRequest
+
+
+class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
+    """Serves an agentenv environment's tasks as a Gym resources server.
+
+    Subclass it in the folder's ``app.py`` with ``folder = Path(__file__).resolve().parent``; relative paths in
+    the config (bundle, tasks) are resolved against it (against the working directory when unset, which is
+    where Gym's launcher starts a server).
+    """
+
+    config: AgentEnvResourcesServerConfig
+    folder: ClassVar[Path | None] = None
+    ray_enabled: ClassVar[bool] = False
+
+    _episodes: Episodes | None = PrivateAttr(default=None)
+    _metrics: Any = PrivateAttr(default=None)
+    _tasks: dict[str, list[Task]] = PrivateAttr(default_factory=dict)
+
+    def setup_webserver(self) -> FastAPI:
+        # Files first, so a folder with a broken task or a missing bundle fails before anything starts.
+        self._tasks = load_task_folder(self._path(self.config.tasks, "tasks"))
+        backend = backend_of(self.config.source.kind)
+        folder = ServerFolder(self._path, self._tasks, self.config.environment, type(self).__name__)
+        launcher = backend.launcher(self.config.source, folder)
+        app: FastAPI = super().setup_webserver()
+        if not _RESOURCES_FLOW:
+            app.post("/close_session")(self.close_resources_session)
+        app.get("/agentenv/pool", summary="The environment instances and open episodes")(self.pool_status)
+        app.get("/agentenv/pool/{index}", summary="One instance, with its state (data/get)")(self.instance_status)
+
+        @asynccontextmanager
+        async def environment(app_: FastAPI) -> AsyncIterator[None]:
+            config = self.config
+            episodes = Episodes(
+                Pool(launcher, *backend.bounds(config.source), PoolSettings.of(config)),
+                self._tasks,
+                config.environment,
+                EpisodeSettings.of(config),
+                backend.check_task,
+                self._metrics,
+            )
+            await episodes.start()
+            self._episodes = episodes
+            self._register_tools(app_, episodes)
+            try:
+                yield
+            finally:
+                self._episodes = None
+                await episodes.stop()
+
+        wrap_lifespan(app, environment)
+        return app
+
+    # -- Gym's endpoints ----------------------------------------------------------------------------------------
+
+    async def seed_session(self, request: Request, body: SeedBody) -> Response:
+        runtime = self._running()
+        if _RESOURCES_FLOW and isinstance(body, gym.ResourcesSeedSessionRequest):
+            # The caller names the session; the cookie carries that name so tool calls and verify find it.
+            key = body.resources_session_id
+            request.session[SESSION_ID_KEY] = key
+            split = body.task_data.get("split")
+            task_id = body.task_data.get("task_id") or body.task_id.task_id
+            identity: Any = (body.episode_id.model_dump_json(), body.task_id.model_dump_json())
+        else:
+            key, split, task_id, identity = request.session[SESSION_ID_KEY], body.split, body.task_id, None
+        try:
+            episode = await runtime.seed(key, split if isinstance(split, str) else None, str(task_id), identity)
+        except UnknownTaskError as error:
+            return _error(404, str(error))
+        except SessionConflictError as error:
+            return _error(409, str(error))
+        if episode.failure is not None:
+            detail = {"detail": episode.failure.reason, "failure_kind": episode.failure.kind}
+            return JSONResponse(detail, status_code=503, headers={"Retry-After": "1"})
+        if identity is not None:
+            return JSONResponse(gym.ResourcesSeedSessionResponse(resources_session_id=key).model_dump(mode="json"))
+        return JSONResponse({"task_id": episode.task.id})
+
+    async def verify(self, request: Request, body: AgentEnvVerifyRequest) -> Response:
+        try:
+            verdict = await self._running().verify(request.session[SESSION_ID_KEY], _final_text(body.response))
+        except EpisodeStateError as error:
+            detail: dict[str, Any] = {"detail": str(error)}
+            if isinstance(error.verdict, Verdict):
+                detail["verdict"] = _verify_response(body, error.verdict).model_dump(
+                    mode="json", include=set(_ANSWER_FIELDS)
+                )
+            return JSONResponse(detail, status_code=409)
+        answer = _verify_response(body, verdict)
+        if verdict.failure is not None and not _MASKABLE:
+            # nemo-gym 0.4.0's clients train on the reward of every 200: a masked verdict is refused instead.
+            detail = {
+                "detail": f"no reward: the episode was masked ({verdict.failure.kind}): {verdict.failure.reason}",
+                "failure_kind": verdict.failure.kind,
+                "verdict": answer.model_dump(mode="json", include=set(_ANSWER_FIELDS)),
+            }
+            return JSONResponse(detail, status_code=refusal_status(verdict.failure))
+        # pydantic writes what JSON cannot carry (an infinite float the row brought) as null; json.dumps would raise.
+        return Response(answer.model_dump_json(), media_type="application/json")
+
+    async def close_resources_session(self, request: Request, body: CloseBody) -> Response:
+        if _RESOURCES_FLOW and isinstance(body, gym.ResourcesCloseSessionRequest):
+            key = body.resources_session_id
+            await self._running().close(key)
+            return JSONResponse(gym.ResourcesCloseSessionResponse(resources_session_id=key).model_dump(mode="json"))
+        await self._running().close(request.session[SESSION_ID_KEY])
+        return JSONResponse({})
+
+    async def aggregate_metrics(self, body: gym.AggregateMetricsRequest) -> Any:
+        """Gym's, with the verify responses it cannot index (no rollout keys, duplicates) answered 422, not 500."""
+        try:
+            return await super().aggregate_metrics(body)
+        except (KeyError, ValueError) as error:
+            raise HTTPException(422, f"verify_responses cannot be aggregated: {error!r}") from None
+
+    async def pool_status(self) -> dict[str, Any]:
+        return self._running().status()
+
+    async def instance_status(self, index: int) -> dict[str, Any]:
+        answer = await self._running().pool.instance_status(index)
+        if answer is None:
+            raise HTTPException(404, f"no instance {index}")
+        return answer
+
+    # -- what gymhost's operating layer asks (``_hosting._operating.EpisodeSource``) -----------------------------------
+
+    def gymhost_bind_metrics(self, metrics: Any) -> None:
+        self._metrics = metrics
+
+    def gymhost_open_episodes(self) -> int:
+        return self._episodes.open_episodes() if self._episodes is not None else 0
+
+    def gymhost_not_ready(self) -> str | None:
+        if self._episodes is None:
+            return "starting: the environment pool is not running yet"
+        return self._episodes.pool.not_ready()
+
+    def gymhost_gauges(self) -> dict[str, Any]:
+        return self._episodes.gauges() if self._episodes is not None else {"open_episodes": 0}
+
+    # -- internals ----------------------------------------------------------------------------------------------
+
+    def _running(self) -> Episodes:
+        if self._episodes is None:
+            raise HTTPException(503, "the environment pool is not running (the app's lifespan has not started)")
+        return self._episodes
+
+    def _register_tools(self, app: FastAPI, episodes: Episodes) -> None:
+        existing = {getattr(route, "path", None) for route in app.router.routes}
+        for tool in episodes.tools:
+            path = f"/{tool['name']}"
+            if path in existing:  # a second lifespan cycle of the same app
+                continue
+            app.add_api_route(
+                path,
+                self._tool_endpoint(tool["name"]),
+                methods=["POST"],
+                summary=tool["name"],
+                description=tool.get("description") or "",
+                response_class=PlainTextResponse,
+                openapi_extra={
+                    "requestBody": {
+                        "required": False,
+                        "content": {"application/json": {"schema": tool.get("inputSchema") or {}}},
+                    }
+                },
+            )
+        if "/{name}" not in existing:
+            # Last, so it answers only a POST no other route took: a tool this server does not have.
+            names = ", ".join(tool["name"] for tool in episodes.tools)
+
+            async def unknown_tool(name: str) -> Response:
+                return _error(404, f"no tool {name!r} here; the tools are: {names}")
+
+            app.add_api_route("/{name}", unknown_tool, methods=["POST"], include_in_schema=False)
+
+    def _tool_endpoint(self, name: str) -> Callable[[Request], Any]:
+        async def call_tool(request: Request) -> Response:
+            raw = await request.body()
+            try:
+                arguments = json.loads(raw, parse_constant=_no_constant) if raw.strip() else {}
+                # Whatever the body's declared type, what goes to the environment must encode as JSON text again
+                # (a lone surrogate parses, and fails only on the way out, where it would cost the episode).
+                json.dumps(arguments, ensure_ascii=False, allow_nan=False).encode()  # 1e999 parses as inf
+            except ValueError as error:  # not JSON, not UTF-8, NaN/Infinity, or a lone surrogate
+                return _error(400, f"the arguments of {name} must be a JSON object: {error}")
+            except RecursionError:
+                return _error(400, f"the arguments of {name} are nested too deeply")
+            if not isinstance(arguments, dict):
+                return _error(400, f"the arguments of {name} must be a JSON object, not {type(arguments).__name__}")
+            reply = await self._running().call_tool(request.session[SESSION_ID_KEY], name, arguments)
+            if reply.refused:
+                return _error(reply.status, reply.text)
+            return PlainTextResponse(reply.text, status_code=reply.status)
+
+        call_tool.__name__ = f"tool_{name}"
+        return call_tool
+
+    def _path(self, value: str, what: str) -> Path:
+        base = self.folder if self.folder is not None else Path.cwd()
+        path = (base / value).resolve()
+        if not path.exists():
+            raise FolderError(f"{path}: no such {what} folder (config field of {type(self).__name__}: {value!r})")
+        return path
+
+
+def _error(status: int, detail: str) -> Response:
+    """gymhost's own refusals, shaped like FastAPI's errors, so a client reads every error the same way."""
+    return JSONResponse({"detail": detail}, status_code=status)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _final_text(response: Any) -> str:
+    """The last assistant message's text: what response criteria grade."""
+    for item in reversed(list(getattr(response, "output", None) or [])):
+        if getattr(item, "type", None) == "message" and getattr(item, "role", None) == "assistant":
+            content = getattr(item, "content", None)
+            if isinstance(content, str):
+                return content
+            return "".join(getattr(part, "text", None) or "" for part in content or [])
+    return ""
+
+
+_ANSWER_FIELDS = ("reward", "mask_sample", "failure_kind", "failure_reason", "criteria")
+
+
+def _verify_response(body: AgentEnvVerifyRequest, verdict: Verdict) -> AgentEnvVerifyResponse:
+    fields = {key: value for key, value in body.model_dump().items() if key not in _ANSWER_FIELDS}
+    fields["task_id"] = body.task_id or verdict.task_id
+    return AgentEnvVerifyResponse(
+        **fields,
+        reward=verdict.reward,
+        mask_sample=verdict.failure is not None,
+        failure_kind=verdict.failure.kind if verdict.failure else None,
+        failure_reason=verdict.failure.reason if verdict.failure else None,
+        criteria=[CriterionScore(id=c.id, kind=c.kind, score=c.score, detail=c.detail) for c in verdict.criteria],
+    )
