@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import resource
@@ -64,6 +65,12 @@ class Connection:
             self.writer.close()
 
 
+def _named(error: BaseException) -> str:
+    """An error's kind, with its errno's name when it has one (EADDRNOTAVAIL and EMFILE are both OSError)."""
+    code = getattr(error, "errno", None)
+    return f"{type(error).__name__} {errno.errorcode.get(code, code)}" if code else type(error).__name__
+
+
 def source(index: int) -> str:
     return f"127.{1 + index // 62500 % 200}.{index // 250 % 250}.{index % 250 + 2}"
 
@@ -96,7 +103,7 @@ async def main() -> None:
         try:
             status = await asyncio.wait_for(connection.post(path, body, close=close), _TIMEOUT_S)
         except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError) as error:
-            outcomes[type(error).__name__] += 1
+            outcomes[_named(error)] += 1
             raise
         latencies.append(time.perf_counter() - began)
         outcomes[str(status)] += 1
@@ -106,7 +113,7 @@ async def main() -> None:
         try:
             await asyncio.wait_for(connection.open(), _TIMEOUT_S)
         except (OSError, TimeoutError) as error:
-            outcomes[f"connect: {type(error).__name__}"] += 1
+            outcomes[f"connect: {_named(error)}"] += 1
             raise
         connection.cookie = cookie
         try:

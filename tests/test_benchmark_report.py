@@ -16,11 +16,16 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import report  # noqa: E402
 
 
-def latest_run() -> tuple[str, dict[str, object]]:
-    runs = sorted(p for p in (REPO / "benchmarks" / "results").glob("*.json") if "quick" not in p.name)
-    assert runs, "benchmarks/results holds no full run"
-    result: dict[str, object] = json.loads(runs[-1].read_text())
-    return f"results/{runs[-1].name}", result
+def latest_run(section: str = "tool_calls") -> tuple[str, dict[str, object]]:
+    """The latest run (not a quick one) that measured ``section``: a full run, or the load section run alone."""
+    runs = [
+        (result["date"], path)
+        for path in (REPO / "benchmarks" / "results").glob("*.json")
+        if "quick" not in path.name and section in (result := json.loads(path.read_text()))
+    ]
+    assert runs, f"benchmarks/results holds no run of {section}"
+    path = max(runs)[1]
+    return f"results/{path.name}", json.loads(path.read_text())
 
 
 def test_the_readme_table_is_the_rendering_of_the_latest_run(tmp_path: Path) -> None:
@@ -32,6 +37,13 @@ def test_the_readme_table_is_the_rendering_of_the_latest_run(tmp_path: Path) -> 
     committed = (REPO / "benchmarks" / "README.md").read_text()
     block = committed.split(report.START)[1].split(report.END)[0].strip()
     assert block == report.tables(results, source), "benchmarks/README.md is not the rendering of the latest run"
+
+
+def test_the_load_block_is_the_rendering_of_the_latest_load_run() -> None:
+    source, results = latest_run("load")
+    committed = (REPO / "benchmarks" / "README.md").read_text()
+    block = committed.split(report.LOAD_START)[1].split(report.LOAD_END)[0].strip()
+    assert block == report.load_tables(results, source), "the load block is not the rendering of the latest load run"
 
 
 def test_the_targets_say_met_or_missed_with_the_numbers() -> None:

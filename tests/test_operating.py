@@ -285,3 +285,12 @@ def test_every_query_of_the_grafana_dashboard_names_an_exported_metric() -> None
         names = set(re.findall(r"\b((?:gymhost|http_server)_[a-z_]+)\b", expression))
         assert names, expression
         assert names <= exported, f"{expression}: {sorted(names - exported)} is not exported"
+
+
+def test_every_gymhost_metric_has_labels_so_workers_export_it() -> None:
+    """``share_metrics`` switches prometheus_client to multiprocess mode after gymhost's metrics are defined; a
+    metric without labels has its value made at definition, in memory, and ``/metrics`` under ``--workers`` would
+    never show it (the listen-overflow counter was such a one)."""
+    from gymhost._metrics import _OURS
+
+    assert [metric._name for metric in _OURS if not metric._labelnames] == []

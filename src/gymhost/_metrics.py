@@ -92,6 +92,7 @@ _LISTEN_OVERFLOWS = Counter(
     "gymhost_listen_overflows",
     "Connections the kernel refused because a listen queue was full (ListenOverflows of /proc/net/netstat: this "
     "network namespace's, every listening socket's); clients retry them.",
+    ["field"],  # a label, as every gymhost metric has: one made at import is left out of multiprocess mode
 )
 _FORWARD_FAILURES = Counter(
     "gymhost_forward_failures",
@@ -109,7 +110,7 @@ def accept_failed(reason: str) -> None:
 
 
 def listen_overflowed(count: int) -> None:
-    _LISTEN_OVERFLOWS.inc(count)
+    _LISTEN_OVERFLOWS.labels("ListenOverflows").inc(count)
 
 
 def forward_failed(target: str, reason: str) -> None:
