@@ -260,11 +260,24 @@ def scale_tables(scale: dict[str, Any] | None) -> list[str]:
                 f" seeded, {burst['errors']} errors; the last seeded after {burst['last_seed_s']} s (median"
                 f" {burst['median_seed_s']} s) |"
             )
-    lines.append(
-        f"| process mode, 64 concurrent episodes of 40 tool calls | {process['calls_per_s']} bridged calls/s,"
-        f" tool call p50 / p99 {process['look'].get('p50_ms')} / {process['look'].get('p99_ms')} ms; gymhost's own"
-        f" CPU {process['gymhost_cpu_ms_per_request']} ms a request; {process['errors']} errors |"
-    )
+    for key, label in (("process_mode_64", "process mode"), ("in_process_mode_64", "in-process")):
+        played = scale.get(key)
+        if not played:
+            continue
+        instances = played.get("instances_cpu_ms_per_request")
+        lines.append(
+            f"| {label}, 64 concurrent episodes of 40 tool calls | {played['calls_per_s']} bridged calls/s,"
+            f" tool call p50 / p99 {played['look'].get('p50_ms')} / {played['look'].get('p99_ms')} ms; gymhost's own"
+            f" CPU {played['gymhost_cpu_ms_per_request']} ms a request"
+            + (f" (instance processes: {instances} ms)" if instances and key == "process_mode_64" else "")
+            + f"; {played['errors']} errors |"
+        )
+    inside = scale.get("in_process_mode_64")
+    if inside and inside.get("calls_per_s"):
+        lines.append(
+            f"| process mode / in-process, calls/s at 64 episodes (one run) |"
+            f" {process['calls_per_s'] / inside['calls_per_s']:.2f}x |"
+        )
     return lines
 
 

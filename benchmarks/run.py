@@ -303,6 +303,32 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _descendants_cpu(pid: int) -> float:
+    total = 0.0
+    for child in tree(pid):
+        with contextlib.suppress(OSError):  # one that ended meanwhile
+            total += cpu_seconds(child)
+    return total
+
+
+def sixty_four(url: str, rows: str, pid: int, quick: bool) -> dict[str, Any]:
+    """64 concurrent episodes of 40 tool calls, on a pool already grown to 64 (start-ups not timed); the CPU of the
+    server's own process and of its instance processes (its other descendants), per request, from /proc."""
+    loadgen("episodes", url, rows, "--concurrency", "64", "--episodes", "64", "--looks", "1", "--moves", "0")
+    calls = 64 if quick else 128
+    before, before_instances = cpu_seconds(pid), _descendants_cpu(pid)
+    played = loadgen("episodes", url, rows, "--concurrency", "64", "--episodes", str(calls), "--looks", "40",
+                     "--moves", "0")  # fmt: skip
+    used = cpu_seconds(pid) - before
+    # Instances that started or ended during the run would skew this; the pool is at 64 throughout.
+    used_instances = _descendants_cpu(pid) - before_instances
+    count = played["look"]["count"] + 2 * played["episodes"]  # tool calls, seeds and verifies
+    played["gymhost_cpu_ms_per_request"] = round(used * 1000 / max(1, count), 3)
+    played["instances_cpu_ms_per_request"] = round(used_instances * 1000 / max(1, count), 3)
+    played["calls_per_s"] = round(played["episodes_per_s"] * 40, 1)  # 40 tool calls an episode
+    return played
+
+
 def scale(root: Path, quick: bool) -> dict[str, Any]:
     """The pool under a training run's load, on folders written with default options."""
     episodes, burst = (64, 50) if quick else (256, 200)
@@ -318,20 +344,19 @@ def scale(root: Path, quick: bool) -> dict[str, Any]:
         print(f"  think time, {episodes} episodes: {think['errors']} errors, peak {think['peak_instances']} instances,"
               f" seed p50/p99 {think['seed'].get('p50_ms')}/{think['seed'].get('p99_ms')} ms,"
               f" {think['peak_rss_mb']} MB")  # fmt: skip
-        # Process mode at 64 concurrent episodes of 40 calls, on a pool already grown to 64 (start-ups not timed).
-        loadgen("episodes", url, rows, "--concurrency", "64", "--episodes", "64", "--looks", "1", "--moves", "0")
-        calls = 64 if quick else 128
-        before = cpu_seconds(process.pid)
-        played = loadgen("episodes", url, rows, "--concurrency", "64", "--episodes", str(calls), "--looks", "40",
-                         "--moves", "0")  # fmt: skip
-        used = cpu_seconds(process.pid) - before
-        count = played["look"]["count"] + 2 * played["episodes"]  # tool calls, seeds and verifies
-        played["gymhost_cpu_ms_per_request"] = round(used * 1000 / max(1, count), 3)
-        played["calls_per_s"] = round(played["episodes_per_s"] * 40, 1)  # 40 tool calls an episode
-        out["process_mode_64"] = played
+        out["process_mode_64"] = sixty_four(url, rows, process.pid, quick)
+    # The same load in-process, for the ratio in one run: what a process per episode costs over none.
+    folder = write_gridsim(root / "default-in-process", instances=None, mode="in-process")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with server(gymhost_serve(folder, port), url) as process:
+        out["in_process_mode_64"] = sixty_four(url, str(folder / "data" / "eval.jsonl"), process.pid, quick)
+    for mode in ("process_mode_64", "in_process_mode_64"):
+        played = out[mode]
         print(
-            f"  process mode, 64 episodes: {played['episodes_per_s']} episodes/s, tool call p50"
-            f" {played['look'].get('p50_ms')} ms, gymhost CPU {played['gymhost_cpu_ms_per_request']} ms/request"
+            f"  {mode}: {played['calls_per_s']} calls/s, tool call p50 {played['look'].get('p50_ms')} ms,"
+            f" gymhost CPU {played['gymhost_cpu_ms_per_request']} ms/request"
+            f" ({played['instances_cpu_ms_per_request']} ms in instance processes)"
         )
     for mode in ("process", "in-process"):
         folder = write_gridsim(root / f"burst-{mode}", instances=None, mode=mode)
@@ -558,9 +583,9 @@ def load(root: Path, quick: bool) -> dict[str, Any]:
         with server(command, url, cwd=cwd, env=env, startup_s=900) as process:  # a pool of 16,384 takes a while
             startup_s = round(time.monotonic() - began, 1)
             for mode, size, extra in plan:
-                before = refusals(url)
+                before = refusals(url, label.startswith("gymhost"))
                 measured = burst(url, process.pid, size, *extra, keep_alive=4 if mode == "keep-alive" else 0)
-                after = refusals(url)
+                after = refusals(url, label.startswith("gymhost"))
                 measured["counted_by_the_server"] = (
                     {name: after[name] - before.get(name, 0) for name in after}
                     if after is not None and before is not None
@@ -596,22 +621,25 @@ def load(root: Path, quick: bool) -> dict[str, Any]:
     return results
 
 
-_REFUSALS = ("gymhost_accept_errors_total", "gymhost_listen_overflows_total")
+_REFUSALS = ("gymhost_accept_errors_total", "gymhost_listen_overflows_total", "gymhost_forward_failures_total")
 
 
-def refusals(url: str) -> dict[str, float] | None:
-    """What a gymhost server counted of the connections it could not take (accept errors, kernel listen-queue
-    overflows) from its /metrics; None for a server without them (Gym's launcher)."""
+def refusals(url: str, ours: bool) -> dict[str, float] | None:
+    """What a gymhost server (``ours``) counted of the connections it could not take (accept errors, kernel
+    listen-queue overflows) from its /metrics; None for a server without them (Gym's launcher). A counter that never
+    counted is 0 (under --workers, prometheus_client's multiprocess mode does not export it at all)."""
+    if not ours:
+        return None
     try:
         text = httpx.get(f"{url}/metrics", timeout=30).text
     except httpx.HTTPError:
         return None
-    found = {name: 0.0 for name in _REFUSALS if name in text}
+    found = dict.fromkeys(_REFUSALS, 0.0)
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in found and not line.startswith("#"):
             found[name] += float(line.rsplit(" ", 1)[1])
-    return found or None
+    return found
 
 
 def tool_call_servers(limit: list[str]) -> dict[str, Launch]:
@@ -691,15 +719,16 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="short measurements, for checking the harness")
-    parser.add_argument("--only", choices=["load"], help="one section alone, written to results/<date>-load.json")
+    parser.add_argument("--only", choices=["load", "scale"], help="one section alone: results/<date>-<section>.json")
     args = parser.parse_args()
-    if args.only == "load":
+    if args.only:
         alone: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                                  "machine": machine(), "quick": args.quick}  # fmt: skip
+        section = {"load": load, "scale": scale}[args.only]
         with tempfile.TemporaryDirectory(prefix="gymhost-bench-") as scratch:
-            print("load (Gym's stated concurrency):")
-            alone["load"] = load(Path(scratch), args.quick)
-        write_results(alone, alone["date"][:10] + ("-load-quick" if args.quick else "-load"))
+            print(f"{args.only}:")
+            alone[args.only] = section(Path(scratch), args.quick)
+        write_results(alone, alone["date"][:10] + f"-{args.only}" + ("-quick" if args.quick else ""))
         return
     if shutil.which("wrk") is None:
         raise SystemExit("bench: wrk is not installed (Debian: apt-get install wrk); `make bench` installs it")

@@ -6,8 +6,9 @@ instance the way real environments break:
 - ``crash``: the instance's process dies mid-call (``os._exit``), so the connection drops without an answer.
   Process mode only: in-process, it would take the server with it.
 - ``hang``: the call never answers.
-- ``garbage``: the instance's next reply on the MCP endpoint (``where="mcp"``: bytes that are not JSON) or on the
-  data plane (``where="agentenv"``: a JSON-RPC reply with neither result nor error) is not the protocol.
+- ``garbage``: the instance process writes bytes that are not a frame on its channel to the server, in the middle
+  of this very call (``where="channel"``: process mode's wire), or its next reply on the data plane
+  (``where="agentenv"``: a JSON-RPC reply with neither result nor error) is not the protocol.
 - ``hang_next``: the instance's next reply on the data plane (or MCP) never comes.
 
 The last two wrap the ASGI app the environment class builds (what both instance modes serve) in a middleware.
@@ -40,7 +41,6 @@ from typing import Any
 from agentenv_protocol import AgentEnvEnvironment, DataPart, add_data, environment_card, get_data, reset_data, tool
 
 NOT_THE_PROTOCOL = {
-    "/mcp": b"\\x00this is not JSON",
     "/agentenv": b'{"jsonrpc": "2.0", "id": 1}',  # neither result nor error
 }
 
@@ -116,8 +116,14 @@ class FaultyEnv(AgentEnvEnvironment):
         return {}
 
     @tool(name="garbage")
-    async def garbage(self, where: str = "mcp") -> dict[str, Any]:
-        """The instance's next reply on /mcp or /agentenv is not the protocol."""
+    async def garbage(self, where: str = "channel") -> dict[str, Any]:
+        """Bytes that are not a frame on the channel now, or the next reply on /agentenv is not the protocol."""
+        if where == "channel":
+            import gc
+
+            for wire in [obj for obj in gc.get_objects() if type(obj).__name__ == "_Framed"]:
+                wire.transport.write(b"\\x00\\x00\\x00\\x08not one!")  # a length, then bytes that are no pickle
+            return {"written": where}
         self.break_next = ("/" + where, "garbage")
         return {"armed": where}
 
@@ -217,7 +223,7 @@ STEPS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     "abandon": [("add", {"n": 1})],
     "crash": [("add", {"n": 1}), ("crash", {})],
     "hang": [("add", {"n": 1}), ("hang", {})],
-    "garbage-mcp": [("garbage", {"where": "mcp"}), ("add", {"n": 2})],
+    "garbage-channel": [("add", {"n": 1}), ("garbage", {"where": "channel"})],
     "garbage-data": [("garbage", {"where": "agentenv"}), ("add", {"n": 2})],
 }
 

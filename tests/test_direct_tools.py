@@ -1,7 +1,9 @@
-"""In-process tool calls without HTTP (``DirectToolSession``) answer what MCP over HTTP answers, on one instance.
+"""Tool calls without HTTP answer what MCP over HTTP answers: in-process (``DirectToolSession``), and in an instance
+process over its channel (``ChannelToolSession``).
 
-The same instance is called both ways: over its streamable-HTTP endpoint through the in-memory ASGI transport
-(``McpSession``, the path a process instance takes) and directly on its FastMCP server. Tool texts, error flags,
+The same instance is called over its streamable-HTTP endpoint through the in-memory ASGI transport (``McpSession``,
+the protocol's own wire, as a URL instance is reached) and directly on its FastMCP server; a real instance process,
+forked from the template as a process-mode server forks it, is called over its channel. Tool texts, error flags,
 the caller an environment sees, its ``on_tool_call`` hook and the hidden tools' listing must agree.
 """
 
@@ -16,11 +18,13 @@ from typing import Any
 
 import pytest
 
+from gymhost.environments._agentenv._channel import ChannelToolSession
 from gymhost.environments._agentenv._client import EnvClient, McpSession
 from gymhost.environments._agentenv._direct import DirectToolSession
+from gymhost.environments._agentenv._forking import BundleLauncher
 from gymhost.environments._agentenv._launchers import InProcessLauncher
 from gymhost.environments._backend import Catalog, Instance
-from gymhost.environments._errors import EnvTimeoutError, McpSessionError
+from gymhost.environments._errors import EnvTimeoutError, EnvUnavailableError, McpSessionError
 from gymhost.environments._settings import PoolSettings
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
@@ -150,6 +154,33 @@ async def probe(tmp_path: Path) -> AsyncIterator[Instance]:
         await launcher.stop(instance)
 
 
+@asynccontextmanager
+async def probe_process(tmp_path: Path) -> AsyncIterator[Instance]:
+    """The probe in a real instance process, forked from the template, reached over its channel."""
+    bundle = tmp_path / "probe"
+    bundle.mkdir(exist_ok=True)
+    (bundle / "env.py").write_text(PROBE_ENV)
+    launcher = BundleLauncher(bundle)
+    instance = await launcher.launch(0, PoolSettings())
+    try:
+        for _ in range(300):  # as the pool waits for a starting instance: until it describes itself
+            try:
+                await instance.client.describe()
+                break
+            except EnvUnavailableError:
+                await asyncio.sleep(0.1)
+        yield instance
+    finally:
+        await launcher.stop(instance)
+        await launcher.close()
+
+
+def over_channel(instance: Instance, role: str | None, timeout: float = 30.0) -> ChannelToolSession:
+    session = instance.client.tool_session(Catalog("probe"), role=role, timeout=timeout)
+    assert isinstance(session, ChannelToolSession)
+    return session
+
+
 def over_http(instance: Instance, role: str | None, timeout: float = 30.0) -> McpSession:
     """The instance's tools over MCP's streamable HTTP, as a process instance is reached."""
     session = EnvClient.tool_session(instance.client, Catalog("probe"), role=role, timeout=timeout)
@@ -173,16 +204,19 @@ async def play(instance: Instance, session: Any) -> dict[str, Any]:
         answers.append((name, result.isError, text))
     tools = await session.list_tools()
     await session.close()
-    state = await instance.client.get()
+    state = await instance.client.state()
     return {"calls": answers, "tools": tools, "state": state}
 
 
 @pytest.mark.parametrize("role", ["grader", None])
-async def test_direct_calls_answer_what_mcp_over_http_answers(tmp_path: Path, role: str | None) -> None:
+async def test_direct_and_channel_calls_answer_what_mcp_over_http_answers(tmp_path: Path, role: str | None) -> None:
     async with probe(tmp_path) as instance:
         http = await play(instance, over_http(instance, role))
         memory = await play(instance, direct(instance, role))
+    async with probe_process(tmp_path) as instance:
+        channel = await play(instance, over_channel(instance, role))
     assert memory == http
+    assert channel == http
     calls = {name: (error, text) for name, error, text in memory["calls"]}
     # What the comparison covers, so that two equally broken paths cannot pass it.
     assert calls["fail"] == (True, "nope: this tool always fails")
@@ -199,9 +233,15 @@ async def test_direct_calls_answer_what_mcp_over_http_answers(tmp_path: Path, ro
     assert [tool["name"] for tool in hidden] == ["peek"]
 
 
-async def test_a_direct_call_past_its_time_limit_fails_as_a_timeout(tmp_path: Path) -> None:
-    async with probe(tmp_path) as instance:
-        session = await direct(instance, None, timeout=0.2).open()
+# Each path without HTTP: in this process, and in an instance process over its channel.
+PATHS = {"direct": (probe, direct), "channel": (probe_process, over_channel)}
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_a_call_past_its_time_limit_fails_as_a_timeout(tmp_path: Path, path: str) -> None:
+    start, session_of = PATHS[path]
+    async with start(tmp_path) as instance:
+        session = await session_of(instance, None, timeout=0.2).open()
         with pytest.raises(EnvTimeoutError, match=r"did not answer within 0.2s"):
             await session.call_tool("sleepy", {"seconds": 5})
         assert (await session.call_tool("increment", {})).isError is False  # the session is still usable
@@ -210,9 +250,11 @@ async def test_a_direct_call_past_its_time_limit_fails_as_a_timeout(tmp_path: Pa
             await session.call_tool("increment", {})
 
 
-async def test_direct_sessions_of_concurrent_episodes_keep_their_own_callers(tmp_path: Path) -> None:
-    async with probe(tmp_path) as instance:
-        sessions = [await direct(instance, f"role-{n}").open() for n in range(5)]
+@pytest.mark.parametrize("path", PATHS)
+async def test_sessions_of_concurrent_episodes_keep_their_own_callers(tmp_path: Path, path: str) -> None:
+    start, session_of = PATHS[path]
+    async with start(tmp_path) as instance:
+        sessions = [await session_of(instance, f"role-{n}").open() for n in range(5)]
         answers = await asyncio.gather(*(session.call_tool("whoami", {}) for session in sessions))
         for n, (session, answer) in enumerate(zip(sessions, answers, strict=True)):
             assert f'"role": "role-{n}"' in answer.text

@@ -93,10 +93,9 @@ async def hang(episode: EpisodeClient, pid: int) -> None:
     assert time.monotonic() - started < TIME_LIMIT_S + 5
 
 
-async def garbage_on_mcp(episode: EpisodeClient, pid: int) -> None:
-    """The next MCP reply is bytes that are not JSON."""
-    assert (await episode.call_tool("garbage", {"where": "mcp"})).ok
-    await refused(episode.call_tool("add", {"n": 2}))
+async def garbage_on_the_channel(episode: EpisodeClient, pid: int) -> None:
+    """The instance process writes bytes that are not a frame onto its channel in the middle of a call."""
+    await refused(episode.call_tool("garbage", {"where": "channel"}))
 
 
 async def garbage_on_the_data_plane(episode: EpisodeClient, pid: int) -> None:
@@ -123,7 +122,7 @@ FAULTS: dict[str, tuple[Callable[[EpisodeClient, int], Awaitable[None]], str]] =
     "kill -9": (kill_the_instance, "transport_unreachable"),
     "crash": (crash, "transport_peer_drop"),
     "hang": (hang, "transport_timeout"),
-    "garbage on MCP": (garbage_on_mcp, "agentenv:malformed_reply"),
+    "garbage on the channel": (garbage_on_the_channel, "agentenv:malformed_reply"),
     "garbage on the data plane": (garbage_on_the_data_plane, "agentenv:malformed_reply"),
     "data-plane hang": (data_plane_hang, "transport_timeout"),
 }

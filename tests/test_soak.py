@@ -95,9 +95,9 @@ def accounted(outcomes: list[Outcome], before: dict[str, int], after: dict[str, 
 
 
 FAULTS_BY_MODE = {
-    # crash exits the instance's process: in-process, that would be the server's. Garbage on MCP is a fault of the
-    # wire: in-process tool calls reach the environment's MCP server object directly, with no wire to break.
-    "process": {"crash": 0.045, "hang": 0.045, "garbage-mcp": 0.045, "garbage-data": 0.045},
+    # crash exits the instance's process: in-process, that would be the server's. Garbage on the channel is a fault
+    # of the wire between the server and an instance process: in-process instances have no wire to break.
+    "process": {"crash": 0.045, "hang": 0.045, "garbage-channel": 0.045, "garbage-data": 0.045},
     "in_process": {"hang": 0.09, "garbage-data": 0.09},
 }
 

@@ -1,12 +1,11 @@
 """Process-mode instances: one process per instance, forked from a template that imported the environment once.
 
 ``BundleLauncher`` starts the template (``_template``) on first use and asks it for an instance per launch; each
-instance serves on a Unix socket of its own in a private folder, so no port is picked and nobody else on the machine
-can reach it. Instances are not this process's children (the template's), so they are watched through a pidfd: the
-pool hears of an exit as it happens, and signals go to the very process that was started, never to a recycled pid.
-When the environment cannot be forked (its import started threads), each instance is started as a process of its
-own (``--serve``), watched as an ordinary child.
-"""
+instance answers on a Unix socket of its own in a private folder (``_channel``), so no port is picked and nobody else
+on the machine can reach it. Instances are not this process's children (the template's), so they are watched through a
+pidfd: the pool hears of an exit as it happens, and signals go to the very process that was started, never to a
+recycled pid. When the environment cannot be forked (its import started threads), each instance is started as a
+process of its own (``--serve``), watched as an ordinary child."""
 
 from __future__ import annotations
 
@@ -20,12 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
-
 from .._backend import Instance
 from .._errors import StartupError
 from .._settings import PoolSettings
-from ._client import EnvClient
+from ._channel import ChannelClient
 
 __all__ = ["SPAWNED", "TEMPLATE_READY", "BundleLauncher"]
 
@@ -198,8 +195,7 @@ class BundleLauncher:
                     env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 )
             )
-        transport = httpx.AsyncHTTPTransport(uds=str(path))
-        client = EnvClient(f"http://instance-{index}", transport=transport, data_timeout=settings.data_timeout_s)
+        client = ChannelClient(str(path), base_url=f"http://instance-{index}", data_timeout=settings.data_timeout_s)
         return Instance(index, client, process=process)
 
     async def stop(self, instance: Instance, *, graceful: bool = True) -> None:

@@ -32,7 +32,15 @@ from ._client import EnvClient
 from ._direct import DirectToolSession
 from ._schema_cache import install as install_schema_cache
 
-__all__ = ["ENTRY", "InProcessClient", "InProcessLauncher", "UrlLauncher", "load_environment_class"]
+__all__ = [
+    "ENTRY",
+    "InProcessClient",
+    "InProcessLauncher",
+    "UrlLauncher",
+    "host_in_process",
+    "load_environment_class",
+    "stop_in_process",
+]
 
 logger = logging.getLogger("gymhost.environments")
 
@@ -136,30 +144,10 @@ class InProcessLauncher:
         environment_class = load_environment_class(self.bundle)
         if index == 0:
             _warn_about_blocking_handlers(environment_class)
-        environment = environment_class()
-        install_schema_cache()
-        with fastmcp_leaves_logging_alone():
-            mcp_app = environment.create_app()
-            app = mcp_app.streamable_http_app()
-        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        stop = asyncio.Event()
-        task = asyncio.create_task(_host(app, started, stop), name=f"gymhost-env-instance-{index}")
-        await started
-        transport = httpx.ASGITransport(app=app)
-        url = f"http://instance-{index}.in-process"
-        client = InProcessClient(url, mcp_app=mcp_app, transport=transport, data_timeout=settings.data_timeout_s)
-        return Instance(index, client, hosted=_Hosted(task, stop))
+        return await host_in_process(environment_class, index, settings.data_timeout_s)
 
     async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
-        await instance.client.aclose()
-        if instance.hosted is not None:
-            instance.hosted.stop.set()
-            try:
-                await asyncio.wait_for(asyncio.shield(instance.hosted.task), _STOP_GRACE_S if graceful else 0.1)
-            except TimeoutError:
-                instance.hosted.task.cancel()
-            except Exception as error:
-                logger.warning("in-process environment instance %s stopped with %r", instance.index, error)
+        await stop_in_process(instance, graceful=graceful)
 
     async def exited(self, instance: Instance) -> None:
         assert instance.hosted is not None
@@ -167,6 +155,36 @@ class InProcessLauncher:
 
     async def close(self) -> None:
         pass
+
+
+async def host_in_process(environment_class: type[Any], index: int, data_timeout: float) -> Instance:
+    """An instance of ``environment_class`` in this process, its app's lifespan running: the server's in-process
+    instances, and the one an instance process serves over its channel (``_template``)."""
+    environment = environment_class()
+    install_schema_cache()
+    with fastmcp_leaves_logging_alone():
+        mcp_app = environment.create_app()
+        app = mcp_app.streamable_http_app()
+    started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    stop = asyncio.Event()
+    task = asyncio.create_task(_host(app, started, stop), name=f"gymhost-env-instance-{index}")
+    await started
+    transport = httpx.ASGITransport(app=app)
+    url = f"http://instance-{index}.in-process"
+    client = InProcessClient(url, mcp_app=mcp_app, transport=transport, data_timeout=data_timeout)
+    return Instance(index, client, hosted=_Hosted(task, stop))
+
+
+async def stop_in_process(instance: Instance, *, graceful: bool = True) -> None:
+    await instance.client.aclose()
+    if instance.hosted is not None:
+        instance.hosted.stop.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(instance.hosted.task), _STOP_GRACE_S if graceful else 0.1)
+        except TimeoutError:
+            instance.hosted.task.cancel()
+        except Exception as error:
+            logger.warning("in-process environment instance %s stopped with %r", instance.index, error)
 
 
 def _warn_about_blocking_handlers(environment_class: type[Any]) -> None:

@@ -1,18 +1,21 @@
 """Instance processes of a bundle: a template process that imports once and forks an instance per request.
 
 ``python -m gymhost.environments._agentenv._template BUNDLE`` is the template. Starting an instance process from
-scratch costs hundreds of milliseconds of CPU, nearly all of it imports (mcp, uvicorn, pydantic, the environment's
-module), and tens of MB of memory of its own (``benchmarks/README.md`` has the numbers); a pool that grows by tens of
-instances under a training batch spends its cores on that. The template imports all of it once, then forks: an
-instance is up in milliseconds, and shares the imported pages with its siblings until it writes to them.
+scratch costs hundreds of milliseconds of CPU, nearly all of it imports (mcp, pydantic, the environment's module), and
+tens of MB of memory of its own (``benchmarks/README.md`` has the numbers); a pool that grows by tens of instances
+under a training batch spends its cores on that. The template imports all of it once, then forks: an instance is up in
+milliseconds, and shares the imported pages with its siblings until it writes to them.
 
 The protocol on the template's stdin and stdout, one line each way:
 
 - the template says ``gymhost-template fork`` once it has imported everything (``nofork``, and exits, when the
   environment's import started threads, which a fork would not carry over: then the launcher starts each instance
   as a process of its own, ``--serve PATH``);
-- ``spawn PATH`` asks for an instance serving on the Unix socket PATH; the template answers ``spawned PID`` at once,
-  and the instance binds PATH when it is ready (the pool waits for its card to answer there).
+- ``spawn PATH`` asks for an instance answering on the Unix socket PATH; the template answers ``spawned PID`` at
+  once, and the instance binds PATH when it is ready (the pool waits for its card to answer there).
+
+An instance runs its environment as the server runs an in-process one (``_launchers.host_in_process``) and answers
+the server's calls over its private channel (``_channel``): no ASGI server and no HTTP in the instance.
 
 No instance outlives the server. The template exits when its stdin reaches end of file, which happens when the
 server closes it or dies by any signal; each instance asks the kernel to kill it when the template exits
@@ -21,11 +24,12 @@ server closes it or dies by any signal; each instance asks the kernel to kill it
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 from pathlib import Path
@@ -33,9 +37,12 @@ from typing import Any, TextIO
 
 from ..._process._identity import die_with_parent
 from .._errors import StartupError
+from ._channel import serve_instance
 from ._forking import SPAWNED, TEMPLATE_READY
-from ._launchers import load_environment_class
+from ._launchers import host_in_process, load_environment_class, stop_in_process
 from ._schema_cache import install as install_schema_cache
+
+_NO_NETWORK_TIMEOUT_S = 3600.0
 
 
 def main(argv: list[str]) -> None:
@@ -68,12 +75,12 @@ def _template(bundle: Path) -> None:
         pid = os.fork()
         if pid == 0:
             replies.close()  # the protocol is the template's
-            _instance(environment_class, path, template)
+            _forked(environment_class, path, template)
         _say(replies, f"{SPAWNED} {pid}")
     os._exit(0)  # the server is gone or done with us: the instances follow (PR_SET_PDEATHSIG)
 
 
-def _instance(environment_class: type[Any], path: str, template: int) -> None:
+def _forked(environment_class: type[Any], path: str, template: int) -> None:
     """In the forked child: die with the template, leave its pipes alone, serve until stopped."""
     try:
         die_with_parent(signal.SIGKILL)
@@ -91,15 +98,26 @@ def _instance(environment_class: type[Any], path: str, template: int) -> None:
 
 
 def _serve(environment_class: type[Any], path: str) -> None:
-    import uvicorn
+    """Run one instance and answer the server on its channel (``_channel``) at ``path`` until SIGTERM."""
+    try:
+        import uvloop
 
-    environment = environment_class()
-    app = environment.create_app().streamable_http_app()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    sock.listen(1024)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
-    server.run(sockets=[sock])
+        uvloop.run(_instance(environment_class, path))
+    except ImportError:
+        asyncio.run(_instance(environment_class, path))
+
+
+async def _instance(environment_class: type[Any], path: str) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    # The server times its calls itself (``ChannelClient``); the in-memory transport never waits on a network.
+    instance = await host_in_process(environment_class, 0, _NO_NETWORK_TIMEOUT_S)
+    server = await serve_instance(instance.client, path)  # bound now: the server's first describe finds it
+    await stop.wait()
+    server.close()
+    await stop_in_process(instance)
 
 
 def _load(bundle: Path) -> type[Any]:
@@ -115,17 +133,11 @@ def _load(bundle: Path) -> type[Any]:
 
 def _preload() -> None:
     """What an instance imports on its way to serving, imported before the fork instead of in every instance."""
-    import mcp.server.fastmcp  # noqa: F401
-    import uvicorn
-    import uvicorn.lifespan.on
-    import uvicorn.loops.auto
-    import uvicorn.protocols.http.auto  # noqa: F401
+    import mcp.server.fastmcp
+    import mcp.server.streamable_http_manager  # noqa: F401
 
-    for optional in ("uvloop", "httptools", "uvicorn.loops.uvloop", "uvicorn.protocols.http.httptools_impl"):
-        try:
-            __import__(optional)
-        except ImportError:
-            continue
+    with contextlib.suppress(ImportError):
+        import uvloop  # noqa: F401
 
 
 def _quiet_stdout() -> TextIO:

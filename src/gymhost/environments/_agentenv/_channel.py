@@ -1,0 +1,352 @@
+"""The private channel between a server and the instance processes it forked: no HTTP, no MCP wire in between.
+
+An instance process (``_template``) runs its environment as an in-process instance runs it in the server: the
+environment's app with its lifespan, the card and the data plane through an in-memory ASGI transport, tool calls on
+its MCP server object (``_direct``). What crosses the process boundary is a call of the bridge's own interface
+(``InstanceClient``, ``ToolSession``) and its answer, so what the environment sees and answers is what it sees
+in-process, and the server's side of a tool call is one small message each way instead of an HTTP request with an
+SSE reply and JSON-RPC text parsed on both sides.
+
+Frames are a 4-byte big-endian length and a pickle. Pickle, because both ends are the same program (the server
+forked the template that forked the instance, from the same gymhost and Python), and the values are the bridge's own
+(tasks, catalogs, tool results, outcomes), which it carries with no conversion either way; the socket lives in a
+folder only this user can open, so nothing else can speak on it. A request is ``(id, operation, arguments)``; an
+answer is ``(id, True, value)`` or ``(id, False, (error class name, message, kind))``: the errors are the bridge's own
+(``_errors``), raised again in the server as they were raised in the instance, and anything else is answered as a
+malformed reply. Several calls may be in flight on one connection (a tool call, and the pool reading the state).
+
+Failures keep their meaning: a socket nobody listens on is ``EnvUnavailableError``, a connection that drops with a
+call in flight ``EnvDroppedError``, no answer in time ``EnvTimeoutError``, a frame that is not one
+``MalformedReplyError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import pickle
+import struct
+from collections.abc import Callable
+from typing import Any, cast
+
+from agentenv_protocol import ToolResult
+
+from ..._exceptions import GymhostError
+from .. import _errors
+from .._backend import Catalog, ToolSession
+from .._errors import EnvDroppedError, EnvTimeoutError, EnvUnavailableError, MalformedReplyError, McpSessionError
+from .._grading import Outcome
+from .._tasks import Task
+
+__all__ = ["ChannelClient", "serve_instance"]
+
+logger = logging.getLogger("gymhost.environments")
+
+_HEADER = struct.Struct(">I")
+_MAX_FRAME = 256 * 1024 * 1024  # a tool result can be large (a file, a screenshot); past this, the peer is broken
+_MARGIN_S = 1.0
+_ANY_CATALOG = Catalog(
+    ""
+)  # the instance times its own tool calls out; the server waits this much longer before it does
+
+
+class _Framed(asyncio.Protocol):
+    """Length-prefixed pickles on a stream, each handed to ``on_message``; ``on_lost`` once, when it ends."""
+
+    def __init__(self, on_message: Callable[[Any], None], on_lost: Callable[[BaseException | None], None]) -> None:
+        self._on_message = on_message
+        self._on_lost: Callable[[BaseException | None], None] | None = on_lost
+        self._buffer = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)  # uvloop's are not asyncio's classes, but are ones
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        while len(buffer) >= _HEADER.size:
+            (size,) = _HEADER.unpack_from(buffer)
+            if size > _MAX_FRAME:
+                self._broken(MalformedReplyError(f"a frame of {size} bytes, past the limit of {_MAX_FRAME}"))
+                return
+            end = _HEADER.size + size
+            if len(buffer) < end:
+                return
+            try:
+                message = pickle.loads(memoryview(buffer)[_HEADER.size : end])
+            except Exception as error:
+                self._broken(MalformedReplyError(f"a frame that is not a message: {error!r}"))
+                return
+            del buffer[:end]
+            self._on_message(message)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lose(exc)
+
+    def _lose(self, error: BaseException | None) -> None:
+        """``on_lost``, once: a broken frame ends the connection, whose end is then reported again."""
+        on_lost, self._on_lost = self._on_lost, None
+        if on_lost is not None:
+            on_lost(error)
+
+    def send(self, message: Any) -> None:
+        if self.transport is None or self.transport.is_closing():
+            raise EnvDroppedError("the instance's channel is closed")
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self.transport.write(_HEADER.pack(len(payload)) + payload)
+
+    def _broken(self, error: BaseException) -> None:
+        self._buffer.clear()
+        self._lose(error)
+        if self.transport is not None:
+            self.transport.abort()
+
+
+# -- the server's side ---------------------------------------------------------------------------------------------
+
+
+class ChannelClient:
+    """One instance process, as the bridge talks to it (``InstanceClient``), over its channel socket. The connection
+    is made on first use and again after it drops (the pool's describe is what waits for a starting instance)."""
+
+    def __init__(self, path: str, *, base_url: str, data_timeout: float) -> None:
+        self.path = path
+        self.base_url = base_url
+        self.data_timeout = data_timeout
+        self._protocol: _Framed | None = None
+        self._connecting: asyncio.Lock | None = None
+        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._ids = itertools.count(1)
+        self._sessions = itertools.count(1)
+
+    async def describe(self) -> Catalog:
+        catalog: Catalog = await self.call("describe")
+        return catalog
+
+    async def hidden_tools(self, catalog: Catalog) -> set[str]:
+        hidden: set[str] = await self.call("hidden_tools", catalog)
+        return hidden
+
+    async def clear(self) -> None:
+        await self.call("clear")
+
+    async def state(self) -> Any:
+        return await self.call("state")
+
+    async def begin(self, task: Task) -> None:
+        await self.call("begin", task)
+
+    async def grade(self, catalog: Catalog, task: Task, final_text: str) -> Outcome:
+        outcome: Outcome = await self.call("grade", catalog, task, final_text)
+        return outcome
+
+    def tool_session(self, catalog: Catalog, *, role: str | None, timeout: float) -> ToolSession:
+        return ChannelToolSession(self, next(self._sessions), role=role, timeout=timeout)
+
+    async def aclose(self) -> None:
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None and protocol.transport is not None:
+            protocol.transport.close()
+        self._fail_pending(EnvDroppedError(f"{self.base_url}: the channel was closed"))
+
+    async def call(self, operation: str, *arguments: Any, timeout: float | None = None) -> Any:
+        """One call in the instance; its answer, or the error it raised there."""
+        protocol = await self._connected()
+        request_id = next(self._ids)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            protocol.send((request_id, operation, arguments))
+            return await asyncio.wait_for(future, timeout or self.data_timeout)
+        except TimeoutError:
+            raise EnvTimeoutError(
+                f"{self.base_url}: {operation} did not answer within {timeout or self.data_timeout:g}s"
+            ) from None
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _connected(self) -> _Framed:
+        if self._protocol is not None:
+            return self._protocol
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._protocol is None:
+                loop = asyncio.get_running_loop()
+                try:
+                    _, protocol = await loop.create_unix_connection(self._framed, self.path)
+                except OSError as error:
+                    raise EnvUnavailableError(f"{self.base_url}: {error!r}") from error
+                self._protocol = protocol
+            return self._protocol
+
+    def _framed(self) -> _Framed:
+        protocol = _Framed(self._answered, lambda error: self._lost(protocol, error))
+        return protocol
+
+    def _answered(self, message: Any) -> None:
+        try:
+            request_id, ok, value = message
+        except (TypeError, ValueError):
+            self._lost(None, MalformedReplyError(f"{self.base_url}: an answer that is not (id, ok, value)"))
+            return
+        future = self._pending.get(request_id)
+        if future is None or future.done():
+            return  # timed out meanwhile
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(_error_from(self.base_url, value))
+
+    def _lost(self, protocol: _Framed | None, error: BaseException | None) -> None:
+        if protocol is not None and protocol is not self._protocol:
+            return  # an earlier connection's end, reported late: its calls failed when it broke
+        self._protocol = None
+        if isinstance(error, MalformedReplyError):
+            self._fail_pending(MalformedReplyError(f"{self.base_url}: {error}"))
+        else:
+            self._fail_pending(EnvDroppedError(f"{self.base_url}: the connection dropped mid-call: {error!r}"))
+
+    def _fail_pending(self, error: BaseException) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+
+
+class ChannelToolSession:
+    """An episode's tool session in an instance process: the instance's direct session, driven over the channel."""
+
+    def __init__(self, client: ChannelClient, session: int, *, role: str | None, timeout: float) -> None:
+        self._client = client
+        self._session = session
+        self._role = role
+        self.timeout = timeout
+        self.session_id: str | None = None  # the instance's own id of the session, as the environment sees it
+        self._open = False
+
+    async def open(self) -> ChannelToolSession:
+        self.session_id = await self._client.call("open", self._session, self._role, self.timeout, timeout=self._wait())
+        self._open = True
+        return self
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        result: ToolResult = await self._client.call("call_tool", self._session, name, arguments, timeout=self._wait())
+        return result
+
+    async def list_tools(self) -> list[dict[str, Any]]:
+        tools: list[dict[str, Any]] = await self._client.call("list_tools", self._session, timeout=self._wait())
+        return tools
+
+    async def close(self) -> None:
+        """End the session in the instance; an instance that is gone already is not an error."""
+        if not self._open:
+            return
+        self._open, self.session_id = False, None
+        with contextlib.suppress(GymhostError):
+            await self._client.call("close", self._session, timeout=min(self._wait(), 5.0))
+
+    def _wait(self) -> float:
+        return self.timeout + _MARGIN_S
+
+
+def _error_from(base_url: str, value: Any) -> BaseException:
+    """The bridge's error the instance raised, raised again here; anything else is a malformed reply."""
+    try:
+        name, message, kind = value
+    except (TypeError, ValueError):
+        return MalformedReplyError(f"{base_url}: an error answer that is not one: {value!r}")
+    cls = getattr(_errors, str(name), None)
+    if not (isinstance(cls, type) and issubclass(cls, GymhostError)):
+        return MalformedReplyError(f"{base_url}: the instance raised {message}")
+    try:
+        return cls(message, kind=kind) if kind is not None else cls(message)  # type: ignore[call-arg]
+    except TypeError:
+        return MalformedReplyError(f"{base_url}: the instance raised {name}: {message}")
+
+
+# -- the instance's side -------------------------------------------------------------------------------------------
+
+
+class _Served:
+    """One connection to an instance process: the server's calls run on the instance's client and its sessions."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.sessions: dict[int, Any] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.protocol = _Framed(self._received, self._lost)
+
+    def _received(self, message: Any) -> None:
+        task = asyncio.get_running_loop().create_task(self._answer(message))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _answer(self, message: Any) -> None:
+        try:
+            request_id, operation, arguments = message
+        except (TypeError, ValueError):
+            return
+        try:
+            value = await self._run(operation, arguments)
+            answer: tuple[Any, bool, Any] = (request_id, True, value)
+        except GymhostError as error:
+            answer = (request_id, False, (type(error).__name__, str(error), getattr(error, "kind", None)))
+        except Exception as error:  # the environment's own: over HTTP, a 500
+            answer = (request_id, False, (None, f"{type(error).__name__}: {error}", None))
+        with contextlib.suppress(EnvDroppedError):
+            self.protocol.send(answer)
+
+    async def _run(self, operation: str, arguments: tuple[Any, ...]) -> Any:
+        client = self.client
+        if operation == "call_tool":
+            session, name, tool_arguments = arguments
+            return await self._session(session).call_tool(name, tool_arguments)
+        if operation == "describe":
+            return await client.describe()
+        if operation == "hidden_tools":
+            return await client.hidden_tools(*arguments)
+        if operation == "clear":
+            return await client.clear()
+        if operation == "state":
+            return await client.state()
+        if operation == "begin":
+            return await client.begin(*arguments)
+        if operation == "grade":
+            return await client.grade(*arguments)
+        if operation == "open":
+            session, role, timeout = arguments
+            # An in-process client's sessions are direct ones, whatever the catalog (``InProcessClient``).
+            opened = await client.tool_session(_ANY_CATALOG, role=role, timeout=timeout).open()
+            self.sessions[session] = opened
+            return opened.session_id
+        if operation == "list_tools":
+            return await self._session(arguments[0]).list_tools()
+        if operation == "close":
+            opened = self.sessions.pop(arguments[0], None)
+            if opened is not None:
+                await opened.close()
+            return None
+        raise MalformedReplyError(f"the instance knows no operation {operation!r}")
+
+    def _session(self, session: int) -> Any:
+        opened = self.sessions.get(session)
+        if opened is None:
+            raise McpSessionError("the MCP session is not open (or was closed)")
+        return opened
+
+    def _lost(self, error: BaseException | None) -> None:
+        sessions, self.sessions = self.sessions, {}
+        for opened in sessions.values():
+            task = asyncio.get_running_loop().create_task(opened.close())
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+
+async def serve_instance(client: Any, path: str) -> asyncio.Server:
+    """Answer the server's calls on ``path`` with ``client``, an in-process instance's (``InProcessClient``)."""
+    loop = asyncio.get_running_loop()
+    return await loop.create_unix_server(lambda: _Served(client).protocol, path, backlog=64)

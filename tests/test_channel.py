@@ -1,0 +1,147 @@
+"""The server's side of the channel to an instance process, against peers that break it: every failure comes out as
+the kind that means what happened (unreachable, dropped, too slow, not the protocol), the bridge's own errors come
+back as they were raised, and a connection that broke is made again for the next call. The peers are real Unix
+sockets; a real instance process is ``test_direct_tools``' and ``test_faults``'."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gymhost.environments._agentenv._channel import ChannelClient
+from gymhost.environments._errors import (
+    DataPlaneError,
+    EnvDroppedError,
+    EnvFailedError,
+    EnvTimeoutError,
+    EnvUnavailableError,
+    MalformedReplyError,
+)
+
+pytestmark = [pytest.mark.unit, pytest.mark.anyio]
+
+Answer = Callable[[tuple[Any, str, tuple[Any, ...]], asyncio.StreamWriter], Awaitable[None]]
+
+
+def frame(message: Any) -> bytes:
+    payload = pickle.dumps(message)
+    return struct.pack(">I", len(payload)) + payload
+
+
+@asynccontextmanager
+async def peer(path: Path, answer: Answer) -> AsyncIterator[list[str]]:
+    """An instance's end of the channel that answers each request with ``answer``; yields the operations seen."""
+    seen: list[str] = []
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                (size,) = struct.unpack(">I", await reader.readexactly(4))
+                request = pickle.loads(await reader.readexactly(size))
+                seen.append(request[1])
+                await answer(request, writer)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_unix_server(connected, path=str(path))
+    try:
+        yield seen
+    finally:
+        server.close()
+
+
+def client(path: Path, timeout: float = 5.0) -> ChannelClient:
+    return ChannelClient(str(path), base_url="http://instance-0", data_timeout=timeout)
+
+
+async def test_the_bridges_errors_come_back_as_raised_and_others_as_malformed(tmp_path: Path) -> None:
+    answers = {
+        "clear": (None, True, None),
+        "state": (None, False, ("DataPlaneError", "data/get failed: nope", None)),
+        "begin": (None, False, ("EnvFailedError", "deploy failed", "openenv:environment_error")),
+        "describe": (None, False, (None, "RuntimeError: boom", None)),
+        "grade": (None, False, ("SystemExit", "not ours", None)),
+    }
+
+    async def answer(request: Any, writer: asyncio.StreamWriter) -> None:
+        request_id, operation, _ = request
+        writer.write(frame((request_id, *answers[operation][1:])))
+
+    async with peer(tmp_path / "0.sock", answer):
+        channel = client(tmp_path / "0.sock")
+        assert await channel.call("clear") is None
+        with pytest.raises(DataPlaneError, match="data/get failed: nope"):
+            await channel.state()
+        with pytest.raises(EnvFailedError) as failed:
+            await channel.call("begin", None)
+        assert failed.value.kind == "openenv:environment_error"
+        with pytest.raises(MalformedReplyError, match="the instance raised RuntimeError: boom"):
+            await channel.describe()
+        with pytest.raises(MalformedReplyError, match="not ours"):
+            await channel.call("grade")
+        await channel.aclose()
+
+
+async def test_a_frame_that_is_not_one_fails_the_call_as_malformed_and_the_next_call_reconnects(tmp_path: Path) -> None:
+    broken = [True]
+
+    async def answer(request: Any, writer: asyncio.StreamWriter) -> None:
+        if broken.pop() if broken else False:
+            writer.write(struct.pack(">I", 8) + b"not one!")
+        else:
+            writer.write(frame((request[0], True, "fine")))
+
+    async with peer(tmp_path / "0.sock", answer) as seen:
+        channel = client(tmp_path / "0.sock")
+        with pytest.raises(MalformedReplyError, match="a frame that is not a message"):
+            await channel.call("state")
+        assert await channel.call("state") == "fine"
+        assert seen == ["state", "state"]
+        await channel.aclose()
+
+
+async def test_a_peer_that_closes_mid_call_is_dropped_and_one_that_never_answers_times_out(tmp_path: Path) -> None:
+    async def hang_up(request: Any, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    async with peer(tmp_path / "0.sock", hang_up):
+        with pytest.raises(EnvDroppedError, match="dropped mid-call"):
+            await client(tmp_path / "0.sock").call("clear")
+
+    async def never(request: Any, writer: asyncio.StreamWriter) -> None:
+        await asyncio.Event().wait()
+
+    async with peer(tmp_path / "1.sock", never):
+        with pytest.raises(EnvTimeoutError, match=r"clear did not answer within 0.2s"):
+            await client(tmp_path / "1.sock", timeout=0.2).call("clear")
+
+
+async def test_nobody_listening_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(EnvUnavailableError):
+        await client(tmp_path / "missing.sock").describe()
+
+
+async def test_calls_in_flight_together_each_get_their_own_answer(tmp_path: Path) -> None:
+    async def answer(request: Any, writer: asyncio.StreamWriter) -> None:
+        request_id, _, (delay,) = request
+
+        async def later() -> None:
+            await asyncio.sleep(delay)
+            writer.write(frame((request_id, True, delay)))
+
+        asyncio.get_running_loop().create_task(later())
+
+    async with peer(tmp_path / "0.sock", answer):
+        channel = client(tmp_path / "0.sock")
+        delays = [0.3, 0.1, 0.2, 0.0]
+        assert await asyncio.gather(*(channel.call("state", delay) for delay in delays)) == delays
+        await channel.aclose()
