@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
 PROBE_ENV = '''
 import asyncio
+import time
 from typing import Any
 
 from agentenv_protocol import AgentEnvEnvironment, AgentEnvError, DataPart, ToolContext, add_data, environment_card
@@ -112,6 +113,12 @@ class ProbeEnv(AgentEnvEnvironment):
         """Takes a while."""
         await asyncio.sleep(seconds)
         return "woke"
+
+    @tool(name="blocking")
+    def blocking(self, seconds: float) -> str:
+        """Holds its instance's event loop (not async)."""
+        time.sleep(seconds)
+        return "done"
 
     def on_tool_call(self, context: ToolContext) -> Any:
         self.hook_seen.append([context.tool, context.role])
@@ -260,3 +267,12 @@ async def test_sessions_of_concurrent_episodes_keep_their_own_callers(tmp_path: 
             assert f'"role": "role-{n}"' in answer.text
             assert session.session_id is not None
             assert session.session_id in answer.text
+
+
+async def test_a_tool_that_blocks_its_instance_process_times_out_at_its_own_limit(tmp_path: Path) -> None:
+    """A tool that is not async holds the instance's loop, so the instance cannot time it out itself: the server
+    does, a moment later, and says the limit the tool had."""
+    async with probe_process(tmp_path) as instance:
+        session = await over_channel(instance, None, timeout=0.2).open()
+        with pytest.raises(EnvTimeoutError, match=r"call_tool did not answer within 0.2s"):
+            await session.call_tool("blocking", {"seconds": 3})

@@ -152,19 +152,22 @@ class ChannelClient:
             protocol.transport.close()
         self._fail_pending(EnvDroppedError(f"{self.base_url}: the channel was closed"))
 
-    async def call(self, operation: str, *arguments: Any, timeout: float | None = None) -> Any:
-        """One call in the instance; its answer, or the error it raised there."""
+    async def call(
+        self, operation: str, *arguments: Any, timeout: float | None = None, limit: float | None = None
+    ) -> Any:
+        """One call in the instance; its answer, or the error it raised there. ``timeout``: how long to wait (the
+        data plane's by default); ``limit``: the time limit to name when it passes (a tool call's own, which the
+        instance enforces first and the server a little later, for a tool that blocks the instance's loop)."""
         protocol = await self._connected()
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
+        wait = timeout or self.data_timeout
         try:
             protocol.send((request_id, operation, arguments))
-            return await asyncio.wait_for(future, timeout or self.data_timeout)
+            return await asyncio.wait_for(future, wait)
         except TimeoutError:
-            raise EnvTimeoutError(
-                f"{self.base_url}: {operation} did not answer within {timeout or self.data_timeout:g}s"
-            ) from None
+            raise EnvTimeoutError(f"{self.base_url}: {operation} did not answer within {limit or wait:g}s") from None
         finally:
             self._pending.pop(request_id, None)
 
@@ -229,16 +232,16 @@ class ChannelToolSession:
         self._open = False
 
     async def open(self) -> ChannelToolSession:
-        self.session_id = await self._client.call("open", self._session, self._role, self.timeout, timeout=self._wait())
+        self.session_id = await self._call("open", self._session, self._role, self.timeout)
         self._open = True
         return self
 
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        result: ToolResult = await self._client.call("call_tool", self._session, name, arguments, timeout=self._wait())
+        result: ToolResult = await self._call("call_tool", self._session, name, arguments)
         return result
 
     async def list_tools(self) -> list[dict[str, Any]]:
-        tools: list[dict[str, Any]] = await self._client.call("list_tools", self._session, timeout=self._wait())
+        tools: list[dict[str, Any]] = await self._call("list_tools", self._session)
         return tools
 
     async def close(self) -> None:
@@ -248,6 +251,9 @@ class ChannelToolSession:
         self._open, self.session_id = False, None
         with contextlib.suppress(GymhostError):
             await self._client.call("close", self._session, timeout=min(self._wait(), 5.0))
+
+    async def _call(self, operation: str, *arguments: Any) -> Any:
+        return await self._client.call(operation, *arguments, timeout=self._wait(), limit=self.timeout)
 
     def _wait(self) -> float:
         return self.timeout + _MARGIN_S
