@@ -34,7 +34,11 @@ def start_server(folder: Path) -> tuple[subprocess.Popen[str], str]:
     command = [sys.executable, "-m", "gymhost", "serve", str(folder), "--port", "0", "--log-level", "warning"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
-    match = re.search(r"at (http://\S+)", process.stdout.readline())
+    match = None
+    for line in process.stdout:  # what it says of its limits comes first, then where it serves
+        match = re.search(r"serving .* at (http://\S+)", line)
+        if match:
+            break
     if not match:
         process.terminate()
         raise SystemExit("demo: the server did not start")
