@@ -9,7 +9,8 @@ object with what it measured.
     python loadgen.py burst URL ROWS.jsonl --seeds 200
 
 ``episodes``: each worker plays whole episodes against a written gridsim server, the way a trainer does (seed with
-the row, keep its cookie, tool calls, verify), and times every call. ``mcp``: each worker opens one MCP session
+the row, keep its cookie, tool calls, verify), and times every call (``--new-connections``: each request on a
+connection of its own, as verifiers sends them). ``mcp``: each worker opens one MCP session
 directly on an environment instance and makes tool calls: the same tool calls without gymhost in between.
 ``openenv``: the same for an OpenEnv server, each worker one session over its ``/ws`` (``look`` steps).
 ``hold``: opens episodes and keeps them open, level by level, reading the server's resident memory and timing one
@@ -91,10 +92,11 @@ class Episode:
             return answer
 
 
-def session(concurrency: int) -> aiohttp.ClientSession:
+def session(concurrency: int, new_connections: bool = False) -> aiohttp.ClientSession:
+    """``new_connections``: a connection for every request, as verifiers opens them (else kept alive)."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=concurrency + 8), cookie_jar=aiohttp.DummyCookieJar(),
-        timeout=aiohttp.ClientTimeout(total=120),
+        connector=aiohttp.TCPConnector(limit=concurrency + 8, force_close=new_connections),
+        cookie_jar=aiohttp.DummyCookieJar(), timeout=aiohttp.ClientTimeout(total=120),
     )  # fmt: skip
 
 
@@ -126,7 +128,7 @@ async def episodes(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             timings["episode"].append(time.perf_counter() - began)
 
-    async with session(args.concurrency) as http:
+    async with session(args.concurrency, args.new_connections) as http:
         began = time.perf_counter()
         await asyncio.gather(*(worker(http) for _ in range(args.concurrency)))
         elapsed = time.perf_counter() - began
@@ -390,6 +392,7 @@ def main() -> None:
     play.add_argument("--looks", type=int, default=0)
     play.add_argument("--look-tool", default="gridsim_look")
     play.add_argument("--expect-reward", type=float, default=0.0)
+    play.add_argument("--new-connections", action="store_true", help="a connection per request, as verifiers")
     direct = sub.add_parser("mcp")
     direct.add_argument("url")
     direct.add_argument("--concurrency", type=int, default=1)

@@ -8,6 +8,7 @@ from typing import Any
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 # The load section has a block of its own: `run.py --only load` reruns it alone (a full run writes it too).
 LOAD_START, LOAD_END = "<!-- load:start -->", "<!-- load:end -->"
+WORKERS_START, WORKERS_END = "<!-- workers:start -->", "<!-- workers:end -->"  # and `run.py --only workers`
 NAMES = {
     "bare_starlette": "(a) bare Starlette endpoint (limit)",
     "plain_fastapi": "plain FastAPI route, same models, no middleware (FastAPI's floor)",
@@ -323,6 +324,48 @@ def scale_out_tables(out: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def workers_tables(out: dict[str, Any], source: str) -> str:
+    """``--workers 2`` (handing connections off, and forwarding instead) against ``--workers 1``, with the targets."""
+    variants = out["variants"]
+    one, two, forward = variants["1"], variants["2"], variants["2 forward"]
+    lines = [
+        f"From [{source}]({source}): {out['episodes']} gridsim episodes of {out['calls_per_episode']} tool calls,"
+        " 64 at once, every request on a connection of its own as verifiers sends them; the variants interleaved"
+        f" over {out['rounds']} round(s), the median round's figures. CPU is the server's whole process tree"
+        " (supervisor and workers), from `/proc`.",
+        "",
+        "| | requests/s | CPU a request | vs --workers 1: CPU / requests/s | misdirected, handed off | forwarded"
+        " | tool call p50 / p99 ms | errors |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for label, variant in (("`--workers 1`", one), ("`--workers 2` (hand-off)", two),
+                           ("`--workers 2 --no-hand-off`", forward)):  # fmt: skip
+        ratio = (
+            f"{variant['cpu_vs_one_worker']:.2f}x / {variant['rps_vs_one_worker']:.2f}x" if variant is not one else ""
+        )
+        lines.append(
+            f"| {label} | {variant['requests_per_s']:,.0f} | {variant['cpu_ms_per_request']:.3f} ms | {ratio}"
+            f" | {variant['handed_off']:,.0f} | {variant['forwarded']:,.0f} | {variant['look_p50_ms']} /"
+            f" {variant['look_p99_ms']} | {variant['errors']} |"
+        )
+
+    def met(ok: bool) -> str:
+        return "met" if ok else "missed"
+
+    lines += [
+        "",
+        f"- CPU a request, `--workers 2` / `--workers 1` <= 1.1x: {met(two['cpu_vs_one_worker'] <= 1.1)}"
+        f" ({two['cpu_vs_one_worker']:.2f}x; forwarding instead: {forward['cpu_vs_one_worker']:.2f}x).",
+        f"- requests/s, `--workers 2` / `--workers 1` >= 1.0: {met(two['rps_vs_one_worker'] >= 1.0)}"
+        f" ({two['rps_vs_one_worker']:.2f}x; forwarding instead: {forward['rps_vs_one_worker']:.2f}x).",
+        f"- One misdirected request's CPU beyond one served where it landed: handed off"
+        f" {two['extra_us_per_misdirected']} us, forwarded {forward['extra_us_per_misdirected']} us (the extra CPU a"
+        " request of the variant over `--workers 1`, over the share misdirected: an upper bound, since it also holds"
+        " what a second process costs, its metrics shared through files included).",
+    ]
+    return "\n".join(lines)
+
+
 def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
     """The tables of a full run between the results markers, and its load section (when it has one) between the
     load markers; a run of the load section alone (no ``tool_calls``) rewrites only the latter."""
@@ -331,6 +374,8 @@ def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
         text = _replace(text, START, END, tables(results, source))
     if "load" in results:
         text = _replace(text, LOAD_START, LOAD_END, load_tables(results, source))
+    if "workers" in results:
+        text = _replace(text, WORKERS_START, WORKERS_END, workers_tables(results["workers"], source))
     readme.write_text(text)
 
 

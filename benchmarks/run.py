@@ -13,6 +13,8 @@ the table in benchmarks/README.md.
    10,000: resident memory, and one tool call on every open episode at each level.
 5. Scale-out: `--workers 1` against `--workers 2` (tool calls and episodes), the cost of a request forwarded to the
    worker that holds its session, and three replicas behind HAProxy (deploy/haproxy/haproxy.cfg) against one alone.
+6. Workers as verifiers loads them (a connection per request): CPU of the process tree per request and requests/s
+   for `--workers 1`, `--workers 2` (connections handed to their owner) and `--workers 2 --no-hand-off` (forwarded).
 4. Scale, on folders written with default options (the elastic pool): 256 episodes at once with a model's think
    time before each tool call; a cold burst of 200 seeds on a pool at its minimum (both instance modes); process
    mode at 64 concurrent episodes, with gymhost's own CPU time per bridged call.
@@ -389,6 +391,79 @@ def route_mean_ms(samples: dict[Any, float], route: str) -> float | None:
 
 
 HAPROXY_RECIPE = REPO / "deploy" / "haproxy" / "haproxy.cfg"
+WORKER_VARIANTS = {  # label -> gymhost serve options
+    "1": ["--workers", "1"],
+    "2": ["--workers", "2"],  # a misdirected connection handed to its owner (the default)
+    "2 forward": ["--workers", "2", "--no-hand-off"],  # its requests forwarded through the accepting worker
+}
+
+
+def workers(root: Path, quick: bool) -> dict[str, Any]:
+    """--workers 2 against --workers 1 as verifiers loads a server: 64 concurrent gridsim episodes of 20 tool calls
+    (in-process instances), every request on a connection of its own, so about half reach the worker that does not
+    hold their episode. CPU of the server's whole process tree from /proc, per request; the variants interleaved
+    round by round, so a drift of the shared machine reaches each alike; medians of the rounds."""
+    folder = write_gridsim(root / "workers", instances="64:300")
+    rows = str(folder / "data" / "eval.jsonl")
+    episodes, rounds = (64, 1) if quick else (256, 3)
+    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in WORKER_VARIANTS}
+    play = ["episodes", "--concurrency", "64", "--looks", "20", "--moves", "0", "--new-connections"]
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for label, options in WORKER_VARIANTS.items():
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            servers[label] = (url, stack.enter_context(server([*gymhost_serve(folder, port), *options], url)))
+            loadgen(play[0], url, rows, *play[1:], "--episodes", "64")  # the pool grown to 64, connections warm
+        for _ in range(rounds):
+            for label, (url, process) in servers.items():
+                before, cpu = scrape(url), _tree_cpu(process.pid)
+                played = loadgen(play[0], url, rows, *play[1:], "--episodes", str(episodes))
+                used = _tree_cpu(process.pid) - cpu
+                during = {key: value - before.get(key, 0.0) for key, value in scrape(url).items()}
+                requests = played["look"]["count"] + 2 * played["episodes"]
+                handed = sum(v for (name, labels), v in during.items()
+                             if name == "gymhost_handoffs_total" and dict(labels).get("outcome") == "sent")  # fmt: skip
+                forwarded = sum(v for (name, labels), v in during.items()
+                                if name == "http_server_request_duration_seconds_count"
+                                and dict(labels).get("http_route") == "(forwarded)")  # fmt: skip
+                runs[label].append({
+                    "requests": requests,
+                    "errors": played["errors"],
+                    "requests_per_s": round(requests * played["episodes_per_s"] / max(1, played["episodes"]), 1),
+                    "cpu_ms_per_request": round(used * 1000 / max(1, requests), 4),
+                    "handed_off": handed,
+                    "forwarded": forwarded,
+                    "look_p50_ms": played["look"].get("p50_ms"),
+                    "look_p99_ms": played["look"].get("p99_ms"),
+                })  # fmt: skip
+    out: dict[str, Any] = {"episodes": episodes, "rounds": rounds, "calls_per_episode": 20, "variants": {}}
+    for label, measured in runs.items():
+        middle = sorted(measured, key=lambda run: run["cpu_ms_per_request"])[len(measured) // 2]
+        out["variants"][label] = {**middle, "rounds_cpu_ms_per_request": [r["cpu_ms_per_request"] for r in measured],
+                                  "rounds_requests_per_s": [r["requests_per_s"] for r in measured],
+                                  "errors": sum(r["errors"] for r in measured)}  # fmt: skip
+    one, two, forward = (out["variants"][label] for label in WORKER_VARIANTS)
+    # What one misdirected request costs the tree beyond a request served where it landed: --workers 2's extra CPU
+    # a request over --workers 1, divided by the share of requests misdirected (an upper bound: it also holds what a
+    # second process costs, the metrics shared through files among them).
+    for variant, moved in ((two, "handed_off"), (forward, "forwarded")):
+        share = variant[moved] / max(1, variant["requests"])
+        extra = variant["cpu_ms_per_request"] - one["cpu_ms_per_request"]
+        variant["misdirected_share"] = round(share, 3)
+        variant["extra_us_per_misdirected"] = round(extra * 1000 / share, 1) if share else None
+        variant["cpu_vs_one_worker"] = round(variant["cpu_ms_per_request"] / one["cpu_ms_per_request"], 3)
+        variant["rps_vs_one_worker"] = round(variant["requests_per_s"] / one["requests_per_s"], 3)
+    for label, variant in out["variants"].items():
+        print(f"  --workers {label}: {variant['requests_per_s']} requests/s, {variant['cpu_ms_per_request']} ms CPU a"
+              f" request, {variant['handed_off']:.0f} handed off, {variant['forwarded']:.0f} forwarded,"
+              f" {variant['errors']} errors")  # fmt: skip
+    return out
+
+
+def _tree_cpu(pid: int) -> float:
+    """CPU time of a process and every process under it (a server's workers, its instances)."""
+    return cpu_seconds(pid) + _descendants_cpu(pid)
 
 
 def scale_out(root: Path, quick: bool) -> dict[str, Any]:
@@ -719,12 +794,13 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="short measurements, for checking the harness")
-    parser.add_argument("--only", choices=["load", "scale"], help="one section alone: results/<date>-<section>.json")
+    parser.add_argument("--only", choices=["load", "scale", "workers"],
+                        help="one section alone: results/<date>-<section>.json")  # fmt: skip
     args = parser.parse_args()
     if args.only:
         alone: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                                  "machine": machine(), "quick": args.quick}  # fmt: skip
-        section = {"load": load, "scale": scale}[args.only]
+        section = {"load": load, "scale": scale, "workers": workers}[args.only]
         with tempfile.TemporaryDirectory(prefix="gymhost-bench-") as scratch:
             print(f"{args.only}:")
             alone[args.only] = section(Path(scratch), args.quick)
@@ -748,6 +824,8 @@ def main() -> None:
         results["scale"] = scale(Path(scratch), args.quick)
         print("scale-out:")
         results["scale_out"] = scale_out(Path(scratch), args.quick)
+        print("workers (verifiers-style, a connection per request):")
+        results["workers"] = workers(Path(scratch), args.quick)
         print("openenv:")
         results["openenv"] = openenv_bridge(Path(scratch), scale_by)
         print("load (Gym's stated concurrency):")

@@ -47,12 +47,20 @@ def serve(folder: Path, *args: str) -> Iterator[ServerProcess]:
 
 
 def forwarded(url: str) -> float:
+    return counted(url, "http_server_request_duration_seconds_count", http_route="(forwarded)")
+
+
+def handed_off(url: str) -> float:
+    return counted(url, "gymhost_handoffs_total", outcome="sent")
+
+
+def counted(url: str, name: str, **labels: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=10).text
     return sum(
         sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "http_server_request_duration_seconds_count" and sample.labels["http_route"] == "(forwarded)"
+        if sample.name == name and all(sample.labels.get(key) == value for key, value in labels.items())
     )
 
 
@@ -68,16 +76,64 @@ async def play_gridsim(url: str, row: dict[str, Any], prefix: str = "") -> dict[
         return await episode.verify(row, solution.final_text)
 
 
-async def test_cookie_flow_episodes_reach_their_worker(gridsim: Path, gym_root: Path) -> None:
-    with serve(gridsim) as server:
+@pytest.mark.parametrize("routing", ["--hand-off", "--no-hand-off"])
+async def test_cookie_flow_episodes_reach_their_worker(gridsim: Path, gym_root: Path, routing: str) -> None:
+    """A new connection per call, as verifiers makes them: about half land on the worker that does not hold their
+    episode. Handed off, the connection itself goes to its owner, and nothing is forwarded; without, the accepting
+    worker forwards the request."""
+    with serve(gridsim, routing) as server:
         answers = await asyncio.gather(*(play_gridsim(server.url, row) for row in rows(gridsim) * 4))
         assert [answer["reward"] for answer in answers] == [1.0] * 40
-        assert forwarded(server.url) > 0, "some requests were accepted by a worker that did not hold their episode"
+        if routing == "--hand-off":
+            assert handed_off(server.url) > 0, "some connections were accepted by a worker not holding their episode"
+            assert forwarded(server.url) == 0, "each came whole in its first segment: handed over, not forwarded"
+        else:
+            assert forwarded(server.url) > 0, "some requests were accepted by a worker that did not hold their episode"
+            assert handed_off(server.url) == 0
     folder = gym_root / "example_session_state_mgmt"
     row = example_rows(folder)[0]
-    with serve(folder) as server:
+    with serve(folder, routing) as server:
         answers = await asyncio.gather(*(play_session_state(server.url, row, True) for _ in range(20)))
         assert [answer["reward"] for answer in answers] == [1.0] * 20
+
+
+async def post_in_pieces(url: str, path: str, body: dict[str, Any], cookies: httpx.Cookies) -> int:
+    """A POST whose head comes in two segments, as a slow client's does: the worker accepting it cannot read its
+    owner at once, so it serves it, and forwards it when another worker owns its session."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    data = json.dumps(body).encode()
+    cookie = "; ".join(f"{name}={value}" for name, value in cookies.items())
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(data)}\r\ncookie: {cookie}\r\nconnection: close\r\n\r\n"
+    ).encode()
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head[:24])
+    await writer.drain()
+    await asyncio.sleep(0.05)
+    writer.write(head[24:] + data)
+    answer = await asyncio.wait_for(reader.read(), 30)
+    writer.close()
+    return int(answer.split(b" ", 2)[1])
+
+
+async def test_a_head_in_pieces_still_reaches_its_worker(gridsim: Path) -> None:
+    """What a hand-off cannot serve goes by the forward, as before it."""
+    row = next(r for r in rows(gridsim) if r["task_id"] == "reach-corner")
+    solution = TASKS["reach-corner"].solution
+    assert solution is not None
+
+    async def play() -> dict[str, Any]:
+        async with EpisodeClient(server.url) as episode:
+            await episode.seed(row)
+            for call in solution.tool_calls:
+                assert await post_in_pieces(server.url, f"/{call.name}", call.arguments, episode.cookies) == 200
+            return await episode.verify(row)
+
+    with serve(gridsim) as server:
+        answers = await asyncio.gather(*(play() for _ in range(8)))
+        assert [answer["reward"] for answer in answers] == [1.0] * 8
+        assert forwarded(server.url) > 0, "about half of the 16 calls in pieces landed on the other worker"
 
 
 async def test_rollout_paths_and_the_resources_session_flow_reach_their_worker(
@@ -129,7 +185,8 @@ async def test_mcp_token_calls_reach_their_worker(gym_root: Path) -> None:
     with serve(folder) as server:
         answers = await asyncio.gather(*(play_mcp_weather(server.url, row, True) for _ in range(8)))
         assert [answer["reward"] for answer in answers] == [1.0] * 8
-        assert forwarded(server.url) > 0
+        # an MCP session's connection (kept alive, its token on every request) goes to its owner at its first request
+        assert handed_off(server.url) > 0
 
 
 async def test_a_dead_worker_is_replaced_and_its_episodes_end_lost(gridsim: Path, gym_version: tuple[int, ...]) -> None:

@@ -127,3 +127,6 @@ class ServeConfig:
     # states, each on a connection of its own as verifiers opens them, is a burst of connects. The kernel caps it at
     # net.core.somaxconn (4096 on most Linux hosts; raise it with sysctl).
     backlog: int = 16384
+    # With --workers, a connection landing on a worker that does not own its session is handed to the owner (the
+    # connection itself, ``_serving._handoff``); off, its requests are forwarded through the worker that accepted it.
+    hand_off: bool = True

@@ -27,6 +27,7 @@ __all__ = [
     "EpisodeMetrics",
     "accept_failed",
     "exported_names",
+    "handed_off",
     "listen_overflowed",
     "open_episodes_of_all_workers",
     "render",
@@ -100,9 +101,15 @@ _FORWARD_FAILURES = Counter(
     "why: gone (answered as a lost session) or busy (answered 503, Retry-After).",
     ["target", "reason"],
 )
+_HANDOFFS = Counter(
+    "gymhost_handoffs",
+    "Connections a worker handed to the sibling owning their session (sent), or could not and forwarded their "
+    "request instead (owner_busy, owner_gone); dropped: handed over to a worker out of descriptors, and lost.",
+    ["outcome"],
+)
 _OURS = (HTTP_REQUEST_DURATION, HTTP_ACTIVE_REQUESTS, _EPISODES_OPEN, _EPISODES_ENDED, _REWARD, _SEED_WAIT,
          _TOOL_CALL, _INSTANCES, _SEEDS_WAITING, _SESSIONS_STARTED, _ACCEPT_ERRORS, _LISTEN_OVERFLOWS,
-         _FORWARD_FAILURES)  # fmt: skip
+         _FORWARD_FAILURES, _HANDOFFS)  # fmt: skip
 
 
 def accept_failed(reason: str) -> None:
@@ -115,6 +122,10 @@ def listen_overflowed(count: int) -> None:
 
 def forward_failed(target: str, reason: str) -> None:
     _FORWARD_FAILURES.labels(target, reason).inc()
+
+
+def handed_off(outcome: str) -> None:
+    _HANDOFFS.labels(outcome).inc()
 
 
 class EpisodeMetrics:

@@ -175,6 +175,13 @@ def main() -> None:
     "holds its episode whichever accepts it. Workers share one GYMHOST_SECRET (made for them if unset).",
 )
 @click.option(
+    "--hand-off/--no-hand-off",
+    default=ServeConfig.hand_off,
+    show_default=True,
+    help="With --workers: a connection reaching a worker that does not hold its episode is handed to the one that "
+    "does (the connection itself); --no-hand-off forwards its requests through the worker that accepted it.",
+)
+@click.option(
     "--advertise-url",
     default=None,
     metavar="URL",
@@ -238,6 +245,7 @@ def serve(
     drain_timeout: int,
     replica_id: str | None,
     workers: int,
+    hand_off: bool,
     advertise_url: str | None,
     log_format: str,
     http_metrics: bool,
@@ -276,6 +284,7 @@ def serve(
         log_format=log_format,  # type: ignore[arg-type]
         root_path=root_path.rstrip("/"),
         backlog=backlog,
+        hand_off=hand_off,
     )
     parent = os.environ.pop(PARENT_PID_ENV_VAR, None)
     if parent is not None:  # another gymhost process started this one (a gateway's process mount): die with it

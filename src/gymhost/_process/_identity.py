@@ -29,7 +29,7 @@ __all__ = ["OWNER_KEY", "Owner", "ProcessState", "die_with_parent", "process_sta
 Owner = dict[str, Any]
 Target = tuple[str, str]  # ("worker", a sibling worker's Unix socket path) or ("replica", another replica's URL)
 WORKER_ENV_VAR = "GYMHOST_WORKER"  # index of this worker among the replica's (set by the supervisor, ``_workers``)
-WORKERS_DIR_ENV_VAR = "GYMHOST_WORKERS_DIR"  # where each worker listens for forwarded requests: worker-<i>.sock
+WORKERS_DIR_ENV_VAR = "GYMHOST_WORKERS_DIR"  # where each worker listens: worker-<i>.forwards, worker-<i>.handoff
 OWNER_KEY = "gymhost_owner"  # where a session cookie and an MCP token carry their owner
 _PR_SET_PDEATHSIG = 1
 
@@ -102,16 +102,27 @@ class ProcessState:
             and owner.get("start") == self.start
         )
 
+    def sibling(self, owner: Any) -> int | None:
+        """The index of the sibling worker of this replica ``owner`` names, if it names one (not this worker)."""
+        if not isinstance(owner, dict) or owner.get("replica") != self.replica or self.workers_dir is None:
+            return None
+        worker = owner.get("worker", 0)
+        return worker if isinstance(worker, int) and worker != self.worker else None
+
+    def worker_socket(self, index: int, purpose: str) -> str:
+        """Where worker ``index`` of this replica listens: ``forwards`` (requests, over HTTP) or ``handoff``
+        (connections, ``_serving._handoff``)."""
+        return os.path.join(self.workers_dir or "", f"worker-{index}.{purpose}")
+
     def route(self, owner: Any) -> Target | None:
         """Where a session that is not this process's lives, if this process can reach it: a sibling worker's
         socket, or the URL another replica advertised. None: its owner is gone, or never said where it is."""
         if not isinstance(owner, dict) or not owner.get("replica"):
             return None
         if owner["replica"] == self.replica:
-            worker = owner.get("worker", 0)
-            if worker == self.worker or self.workers_dir is None or not isinstance(worker, int):
-                return None  # this worker, restarted since: the session is lost
-            return "worker", os.path.join(self.workers_dir, f"worker-{worker}.sock")
+            worker = self.sibling(owner)
+            # None: this worker, restarted since: the session is lost
+            return None if worker is None else ("worker", self.worker_socket(worker, "forwards"))
         url = owner.get("url")
         return ("replica", str(url)) if isinstance(url, str) and url.startswith(("http://", "https://")) else None
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from .._logging import RateLimitedWarning
 from .._metrics import accept_failed, listen_overflowed
+from ._handoff import HandOff
 
 __all__ = ["LOAD_OPEN_FILES", "Acceptor", "ListenWatch", "backlog_warning", "raise_open_files_limit", "somaxconn"]
 
@@ -94,6 +95,8 @@ class Acceptor:
         loop: asyncio.AbstractEventLoop,
         sock: socket.socket,
         protocol_factory: Callable[[], asyncio.Protocol],
+        *,
+        hand_off: bool = False,
     ) -> None:
         self.loop, self.sock, self.protocol_factory = loop, sock, protocol_factory
         self._tcp = sock.family in (socket.AF_INET, socket.AF_INET6)
@@ -102,6 +105,8 @@ class Acceptor:
         self._resume: asyncio.TimerHandle | None = None
         self._adopting: set[asyncio.Task[Any]] = set()
         self._warn = RateLimitedWarning(logger, _WARN_EVERY_S)
+        # A worker's: each connection goes to the sibling owning its session, if another does (``_handoff``).
+        self._hand_off = HandOff(loop, self.serve) if hand_off else None
 
     def start(self) -> None:
         self.sock.setblocking(False)
@@ -112,6 +117,8 @@ class Acceptor:
         if self._resume is not None:
             self._resume.cancel()
         self._unread()
+        if self._hand_off is not None:
+            self._hand_off.close()
 
     async def wait_closed(self) -> None:
         if self._adopting:
@@ -144,9 +151,13 @@ class Acceptor:
             if self._tcp:
                 with contextlib.suppress(OSError):
                     connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._serve(connection)
+            if self._hand_off is not None:
+                self._hand_off.route(connection)
+            else:
+                self.serve(connection)
 
-    def _serve(self, connection: socket.socket) -> None:
+    def serve(self, connection: socket.socket) -> None:
+        """Serve an accepted connection here (one this loop accepted, or one a sibling worker handed over)."""
         task = self.loop.create_task(self._adopt(connection))
         self._adopting.add(task)
         task.add_done_callback(self._adopting.discard)

@@ -19,7 +19,7 @@ import signal
 import socket
 import stat
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import uvicorn
 
@@ -30,6 +30,7 @@ from .._logging import logging_config
 from .._process._drain import drain
 from .._process._identity import process_state
 from ._accepting import Acceptor, ListenWatch
+from ._handoff import HandOffReceiver
 
 logger = logging.getLogger("gymhost")
 
@@ -99,16 +100,26 @@ def url_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def run_app(app: Any, sock: socket.socket, config: ServeConfig, extra_sockets: Sequence[socket.socket] = ()) -> None:
+def run_app(
+    app: Any,
+    sock: socket.socket,
+    config: ServeConfig,
+    extra_sockets: Sequence[socket.socket] = (),
+    hand_off: socket.socket | None = None,
+) -> None:
     """Serve ``app`` on ``sock`` (and ``extra_sockets``: a worker's socket for forwarded requests) until SIGINT or
-    SIGTERM; both servers run the app's lifespan."""
+    SIGTERM; both servers run the app's lifespan. ``hand_off``: a worker's socket where its siblings hand it the
+    connections of its sessions (``_handoff``), under uvicorn; under hypercorn, whose accept loop is its own,
+    workers forward instead."""
     freeze_imported_heap()
     lifespan = LifespanRunner(app)
     sockets = [sock, *extra_sockets]
     try:
         if config.server == "uvicorn":
-            _run_uvicorn(lifespan, sockets, config)
+            _run_uvicorn(lifespan, sockets, config, hand_off)
         elif config.server == "hypercorn":
+            if hand_off is not None:
+                hand_off.close()
             _run_hypercorn(lifespan, sockets, config)
         else:
             raise ServeError(f"unknown server {config.server!r}; expected one of {', '.join(SERVERS)}")
@@ -120,7 +131,7 @@ def run_app(app: Any, sock: socket.socket, config: ServeConfig, extra_sockets: S
         raise ServeError(f"{config.server} stopped: {error!r}; its log above says more") from error
 
 
-def _run_uvicorn(app: Any, sockets: list[socket.socket], config: ServeConfig) -> None:
+def _run_uvicorn(app: Any, sockets: list[socket.socket], config: ServeConfig, hand_off: socket.socket | None) -> None:
     server = _DrainingUvicorn(
         uvicorn.Config(
             app,
@@ -137,6 +148,7 @@ def _run_uvicorn(app: Any, sockets: list[socket.socket], config: ServeConfig) ->
         ),
         drain_timeout=config.drain_timeout,
         backlog=config.backlog,
+        hand_off=hand_off,
     )
     server.run(sockets=sockets)
     if not server.started:
@@ -148,10 +160,11 @@ class _DrainingUvicorn(uvicorn.Server):
     drain before its shutdown (``_process._drain``): uvicorn's own graceful shutdown starts when the drain ends; a
     signal the drain does not take stops at once, as uvicorn's second signal does."""
 
-    def __init__(self, config: Any, *, drain_timeout: float, backlog: int) -> None:
+    def __init__(self, config: Any, *, drain_timeout: float, backlog: int, hand_off: socket.socket | None) -> None:
         super().__init__(config)
         self.drain_timeout = drain_timeout
         self.backlog = backlog
+        self.hand_off = hand_off
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watch: asyncio.Task[None] | None = None
 
@@ -171,10 +184,16 @@ class _DrainingUvicorn(uvicorn.Server):
             )
             return protocol
 
-        acceptors = [Acceptor(loop, sock, create_protocol) for sock in sockets or []]
-        for acceptor in acceptors:
-            acceptor.start()
-        self.servers = cast("list[Any]", acceptors)  # uvicorn's shutdown calls close() and wait_closed() on each
+        # The first socket is the one clients reach: a worker hands its connections to the siblings owning them.
+        listeners: list[Any] = [
+            Acceptor(loop, sock, create_protocol, hand_off=index == 0 and self.hand_off is not None)
+            for index, sock in enumerate(sockets or [])
+        ]
+        if self.hand_off is not None and listeners:
+            listeners.append(HandOffReceiver(loop, self.hand_off, listeners[0].serve))
+        for listener in listeners:
+            listener.start()
+        self.servers = listeners  # uvicorn's shutdown calls close() and wait_closed() on each
         if process_state.worker == 0:  # the host's counter: one process of a replica reads it
             self._watch = loop.create_task(ListenWatch(self.backlog).run(), name="gymhost-listen-watch")
         self.started = True

@@ -2,14 +2,16 @@
 
 The supervisor (the process ``gymhost serve`` started in) binds the listening socket and builds the app once, then
 forks N workers from that state; each runs the app's lifespan and serves the shared socket, and the kernel hands each
-new connection to one of them. Each worker also listens on a Unix socket of its own, where its siblings forward the
-requests of its sessions (``_forwarding``): every session names the worker that seeded it, so a request reaches the
-worker holding its episode whichever worker accepted the connection.
+new connection to one of them. Every session names the worker that seeded it, so a request reaches the worker
+holding its episode whichever worker accepted the connection: the accepting worker hands the connection itself to
+its owner (``_handoff``, over the owner's ``worker-<i>.handoff`` socket), and what cannot be handed over (a
+keep-alive connection's later request for another worker, a head that came in pieces) is forwarded over the owner's
+``worker-<i>.forwards`` socket (``_process._forwarding``).
 
-Why forwarding between workers rather than a front process routing every request by owner: the kernel's spread of
-connections already balances new episodes, and a forwarded request costs its receiving worker one more parse and a
-Unix-socket round trip, where a front would parse every request of every worker on one core (the benchmarks
-measure the forward).
+Why workers that route among themselves rather than a front process routing every request by owner: the kernel's
+spread of connections already balances new episodes, and a hand-off costs the accepting worker a peek and a
+``sendmsg``, where a front would parse every request of every worker on one core (the benchmarks measure the
+hand-off and the forward).
 
 The supervisor restarts a worker that dies; the sessions it held are lost, and answered as such (410, or a masked
 ``session_lost`` verdict) by the new worker, whose start differs. SIGTERM or SIGINT reaches every worker, and each
@@ -156,11 +158,18 @@ class _Supervisor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)  # the ASGI server installs its own
         process_state.become_worker(index, str(self.folder))
-        path = self.folder / f"worker-{index}.sock"
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-        forwards = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        forwards.bind(str(path))
-        forwards.listen(self.config.backlog)  # a burst forwards thousands at once
-        self.run_app(self.app, self.sock, self.config, extra_sockets=[forwards])
+        forwards = _listen(process_state.worker_socket(index, "forwards"), self.config.backlog)  # a burst forwards
+        # thousands at once; connections are handed over by the few siblings, each over one connection it keeps
+        hand_off = _listen(process_state.worker_socket(index, "handoff"), 16) if self.config.hand_off else None
+        self.run_app(self.app, self.sock, self.config, extra_sockets=[forwards], hand_off=hand_off)
         return 0
+
+
+def _listen(path: str, backlog: int) -> socket.socket:
+    """A worker's own Unix socket (the one a worker of the same index left behind is replaced)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(backlog)
+    return sock
