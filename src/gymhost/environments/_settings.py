@@ -111,8 +111,8 @@ class PoolFields(BaseModel):
     instance_idle_s: float = Field(
         default=300.0, gt=0, description="an instance free for this long is stopped, down to the minimum"
     )
-    # Starting an instance process is mostly imports, a few hundred ms of CPU: a few at a time use the cores
-    # without starving the requests the server is serving meanwhile.
+    # An instance start (a fork of the template, then the environment's construction) is all CPU: a few at a time
+    # use the cores without starving the requests the server is serving meanwhile; more at once started no faster.
     parallel_startups: int = Field(default=4, ge=1, description="instances started at once when the pool grows")
 
 

@@ -27,6 +27,7 @@ import contextlib
 import itertools
 import logging
 import pickle
+import socket
 import struct
 from collections.abc import Callable
 from typing import Any, cast
@@ -40,7 +41,7 @@ from .._errors import EnvDroppedError, EnvTimeoutError, EnvUnavailableError, Mal
 from .._grading import Outcome
 from .._tasks import Task
 
-__all__ = ["ChannelClient", "serve_instance"]
+__all__ = ["ChannelClient", "listen_at", "serve_instance"]
 
 logger = logging.getLogger("gymhost.environments")
 
@@ -352,7 +353,17 @@ class _Served:
             task.add_done_callback(self.tasks.discard)
 
 
-async def serve_instance(client: Any, path: str) -> asyncio.Server:
-    """Answer the server's calls on ``path`` with ``client``, an in-process instance's (``InProcessClient``)."""
+def listen_at(path: str) -> socket.socket:
+    """An instance's channel socket, listening before its environment is built: the server's first describe
+    connects at once and waits in the queue for the answer, instead of polling for the socket to appear."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(64)
+    return sock
+
+
+async def serve_instance(client: Any, sock: socket.socket) -> asyncio.Server:
+    """Answer the server's calls on ``sock`` (``listen_at``) with ``client``, an in-process instance's
+    (``InProcessClient``)."""
     loop = asyncio.get_running_loop()
-    return await loop.create_unix_server(lambda: _Served(client).protocol, path, backlog=64)
+    return await loop.create_unix_server(lambda: _Served(client).protocol, sock=sock)

@@ -11,8 +11,10 @@ The protocol on the template's stdin and stdout, one line each way:
 - the template says ``gymhost-template fork`` once it has imported everything (``nofork``, and exits, when the
   environment's import started threads, which a fork would not carry over: then the launcher starts each instance
   as a process of its own, ``--serve PATH``);
-- ``spawn PATH`` asks for an instance answering on the Unix socket PATH; the template answers ``spawned PID`` at
-  once, and the instance binds PATH when it is ready (the pool waits for its card to answer there).
+- ``spawn PATH`` asks for an instance answering on the Unix socket PATH; the template binds PATH, forks and answers
+  ``spawned PID`` at once, and the instance answers there when it is ready: the pool's first describe connects at
+  once and waits in the socket's queue, with no polling for the socket to appear (``failed ERROR``: PATH could not
+  be bound).
 
 An instance runs its environment as the server runs an in-process one (``_launchers.host_in_process``) and answers
 the server's calls over its private channel (``_channel``): no ASGI server and no HTTP in the instance.
@@ -30,6 +32,7 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from pathlib import Path
@@ -37,7 +40,7 @@ from typing import Any, TextIO
 
 from ..._process._identity import die_with_parent
 from .._errors import StartupError
-from ._channel import serve_instance
+from ._channel import listen_at, serve_instance
 from ._forking import SPAWNED, TEMPLATE_READY
 from ._launchers import host_in_process, load_environment_class, stop_in_process
 from ._schema_cache import install as install_schema_cache
@@ -51,7 +54,8 @@ def main(argv: list[str]) -> None:
     elif len(argv) == 3 and argv[1] == "--serve":
         _quiet_stdout()
         threading.Thread(target=_exit_at_end_of_stdin, name="parent-watch", daemon=True).start()
-        _serve(_load(Path(argv[0]).resolve()), argv[2])
+        listening = listen_at(argv[2])  # before the import: the server's describe waits for it, not for the file
+        _serve(_load(Path(argv[0]).resolve()), listening)
     else:
         raise SystemExit("usage: python -m gymhost.environments._agentenv._template BUNDLE [--serve SOCKET_PATH]")
 
@@ -72,15 +76,21 @@ def _template(bundle: Path) -> None:
         command, _, path = line.strip().partition(" ")
         if command != "spawn" or not path:
             continue
+        try:
+            listening = listen_at(path)  # in the template: listening before the fork returns to the server
+        except OSError as error:
+            _say(replies, f"failed {error!r}")
+            continue
         pid = os.fork()
         if pid == 0:
             replies.close()  # the protocol is the template's
-            _forked(environment_class, path, template)
+            _forked(environment_class, listening, template)
+        listening.close()  # the instance's now
         _say(replies, f"{SPAWNED} {pid}")
     os._exit(0)  # the server is gone or done with us: the instances follow (PR_SET_PDEATHSIG)
 
 
-def _forked(environment_class: type[Any], path: str, template: int) -> None:
+def _forked(environment_class: type[Any], listening: socket.socket, template: int) -> None:
     """In the forked child: die with the template, leave its pipes alone, serve until stopped."""
     try:
         die_with_parent(signal.SIGKILL)
@@ -90,31 +100,31 @@ def _forked(environment_class: type[Any], path: str, template: int) -> None:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)  # the template's command pipe is not ours to read
         os.close(devnull)
-        _serve(environment_class, path)
+        _serve(environment_class, listening)
     except BaseException as error:  # nothing may return into the template's loop
         print(f"gymhost: environment instance {os.getpid()} stopped: {error!r}", file=sys.stderr, flush=True)
         os._exit(1)
     os._exit(0)
 
 
-def _serve(environment_class: type[Any], path: str) -> None:
-    """Run one instance and answer the server on its channel (``_channel``) at ``path`` until SIGTERM."""
+def _serve(environment_class: type[Any], listening: socket.socket) -> None:
+    """Run one instance and answer the server on its channel (``_channel``) until SIGTERM."""
     try:
         import uvloop
 
-        uvloop.run(_instance(environment_class, path))
+        uvloop.run(_instance(environment_class, listening))
     except ImportError:
-        asyncio.run(_instance(environment_class, path))
+        asyncio.run(_instance(environment_class, listening))
 
 
-async def _instance(environment_class: type[Any], path: str) -> None:
+async def _instance(environment_class: type[Any], listening: socket.socket) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     # The server times its calls itself (``ChannelClient``); the in-memory transport never waits on a network.
     instance = await host_in_process(environment_class, 0, _NO_NETWORK_TIMEOUT_S)
-    server = await serve_instance(instance.client, path)  # bound now: the server's first describe finds it
+    server = await serve_instance(instance.client, listening)  # the server's describe, queued meanwhile, answered
     await stop.wait()
     server.close()
     await stop_in_process(instance)
