@@ -46,6 +46,14 @@ def test_the_load_block_is_the_rendering_of_the_latest_load_run() -> None:
     assert block == report.load_tables(results, source), "the load block is not the rendering of the latest load run"
 
 
+def test_the_workers_block_is_the_rendering_of_the_latest_workers_run() -> None:
+    source, results = latest_run("workers")
+    committed = (REPO / "benchmarks" / "README.md").read_text()
+    block = committed.split(report.WORKERS_START)[1].split(report.WORKERS_END)[0].strip()
+    assert block == report.workers_tables(results["workers"], source), "the workers block is stale"  # type: ignore[arg-type]
+    assert ": met (" in block or ": missed (" in block
+
+
 def test_the_targets_say_met_or_missed_with_the_numbers() -> None:
     lines = [line for line in report.targets(latest_run()[1]) if line.startswith("- ")]
     assert len(lines) >= 8

@@ -179,6 +179,13 @@ async def test_an_instance_killed_while_free_costs_no_episode(server: ServerProc
     assert the_free_instance(server)["pid"] != before["pid"]
 
 
+def test_instance_processes_do_not_preempt_the_server_on_wakeup(server: ServerProcess) -> None:
+    """Instances are batch processes to the scheduler (the server's writes wake them without taking its core); the
+    server itself is an ordinary one."""
+    assert os.sched_getscheduler(the_free_instance(server)["pid"]) == os.SCHED_BATCH
+    assert os.sched_getscheduler(server.process.pid) == os.SCHED_OTHER
+
+
 async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: dict[str, Any]) -> None:
     """SIGKILL of the server while one episode is inside a tool call that hangs, and another instance's replacement
     is starting: the server gets no chance to stop anything, so every process it started (as of the moment of the
