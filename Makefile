@@ -27,7 +27,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test lint typecheck test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load clean check-pythons
+.PHONY: test lint typecheck test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers clean check-pythons
 
 check-pythons:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -131,6 +131,10 @@ bench-quick: .venv-gym07/.installed .venv-openenv/.installed
 # The load section alone (Gym's stated concurrency: bursts of 4,096 to 65,536 connections), into its own results.
 bench-load: .venv-gym07/.installed
 	cd benchmarks && ../.venv-gym07/bin/python run.py --only load
+
+# Workers alone (--workers 1 against 2, connections handed off or forwarded), into its own results.
+bench-workers: .venv-gym07/.installed
+	cd benchmarks && ../.venv-gym07/bin/python run.py --only workers
 
 clean:
 	rm -rf .venv .venv-gym04 .venv-gym07 .venv-openenv .venv-agentenv .venv-verifiers .pytest_cache .mypy_cache .ruff_cache

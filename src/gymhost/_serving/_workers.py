@@ -67,6 +67,10 @@ def serve_workers(
 ) -> None:
     """Fork ``workers`` workers serving ``app`` on ``sock`` (``run`` is ``_serving.run_app``) and keep them up
     until a signal stops them all."""
+    if config.hand_off and sock.family in (socket.AF_INET, socket.AF_INET6):
+        # The kernel wakes an accept only once the request has arrived: the hand-off reads its owner at once,
+        # instead of each worker waiting, connection by connection, for its head (``_handoff``).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 1)
     supervisor = _Supervisor(app, sock, config, workers, folder, run)
     try:
         supervisor.run()
