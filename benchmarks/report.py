@@ -363,6 +363,15 @@ def workers_tables(out: dict[str, Any], source: str) -> str:
         " request of the variant over `--workers 1`, over the share misdirected: an upper bound, since it also holds"
         " what a second process costs, its metrics shared through files included).",
     ]
+    alone = out.get("one_hand_off")
+    if alone:
+        lines.append(
+            f"- One hand-off alone, measured in one process with the real classes and sockets (serving a connection"
+            f" where it landed: {alone['served_here_us']} us; handing it to the sibling's receiver instead:"
+            f" {alone['handed_off_us']} us): {alone['one_hand_off_us']} us of CPU. The rest of the upper bound above"
+            " is the second worker: two processes and the load generator on two cores, and prometheus_client's"
+            " multiprocess mode (a `getpid` and an mmap write per metric update)."
+        )
     return "\n".join(lines)
 
 

@@ -17,7 +17,7 @@ the table in benchmarks/README.md.
    for `--workers 1`, `--workers 2` (connections handed to their owner) and `--workers 2 --no-hand-off` (forwarded).
 4. Scale, on folders written with default options (the elastic pool): 256 episodes at once with a model's think
    time before each tool call; a cold burst of 200 seeds on a pool at its minimum (both instance modes); process
-   mode at 64 concurrent episodes, with gymhost's own CPU time per bridged call.
+   mode at 64 concurrent episodes, with gymhost's own CPU time per bridged call; one instance start's time and CPU.
 
 Run it with the nemo-gym 0.7.0 venv's Python (`make bench` does); `--quick` shortens every measurement.
 """
@@ -331,6 +331,59 @@ def sixty_four(url: str, rows: str, pid: int, quick: bool) -> dict[str, Any]:
     return played
 
 
+def instance_starts(folder: Path, count: int) -> dict[str, float]:
+    """``count`` process-mode instances started one after another by the launcher the pool uses, each until it
+    answers its card (asked again every 50 ms while it cannot be reached, as the pool asks): wall time a start, the
+    CPU of each process involved a start (this one, the template, the instances), and an idle instance's
+    proportional set size."""
+    import asyncio
+
+    from gymhost.environments._agentenv._forking import BundleLauncher
+    from gymhost.environments._errors import EnvUnavailableError
+    from gymhost.environments._settings import PoolSettings
+
+    async def answered(client: Any) -> None:
+        while True:
+            try:
+                await client.describe()
+                return
+            except EnvUnavailableError:
+                await asyncio.sleep(0.05)
+
+    async def run() -> dict[str, float]:
+        launcher = BundleLauncher(folder / "bundle")
+        settings = PoolSettings.model_validate({})
+        first = await launcher.launch(0, settings)  # the template started and warm
+        await answered(first.client)
+        me = os.getpid()
+        before_template = {pid: cpu_seconds(pid) for pid in tree(me)}
+        own = cpu_seconds(me)
+        began = time.perf_counter()
+        started = []
+        for index in range(1, count + 1):
+            instance = await launcher.launch(index, settings)
+            await answered(instance.client)
+            started.append(instance)
+        wall = time.perf_counter() - began
+        after = {pid: cpu_seconds(pid) for pid in tree(me)}
+        pss = 0.0
+        for line in Path(f"/proc/{started[-1].process.pid}/smaps_rollup").read_text().splitlines():  # type: ignore[union-attr]
+            if line.startswith("Pss:"):
+                pss = int(line.split()[1]) / 1024
+        for instance in [first, *started]:
+            await launcher.stop(instance)
+        await launcher.close()
+        template = sum(after[pid] - before_template[pid] for pid in before_template if pid in after)
+        instances = sum(value for pid, value in after.items() if pid not in before_template)
+        return {"starts": count, "wall_ms": round(wall * 1000 / count, 1),
+                "server_cpu_ms": round((cpu_seconds(me) - own) * 1000 / count, 2),
+                "template_cpu_ms": round(template * 1000 / count, 2),
+                "instance_cpu_ms": round(instances * 1000 / count, 2),
+                "idle_instance_pss_mb": round(pss, 1)}  # fmt: skip
+
+    return asyncio.run(run())
+
+
 def scale(root: Path, quick: bool) -> dict[str, Any]:
     """The pool under a training run's load, on folders written with default options."""
     episodes, burst = (64, 50) if quick else (256, 200)
@@ -360,6 +413,10 @@ def scale(root: Path, quick: bool) -> dict[str, Any]:
             f" gymhost CPU {played['gymhost_cpu_ms_per_request']} ms/request"
             f" ({played['instances_cpu_ms_per_request']} ms in instance processes)"
         )
+    out["instance_starts"] = starts = instance_starts(write_gridsim(root / "starts", None, "process"), 40)
+    print(f"  an instance start: {starts['wall_ms']} ms, CPU {starts['instance_cpu_ms']} ms in the instance,"
+          f" {starts['template_cpu_ms']} ms in the template, {starts['server_cpu_ms']} ms here;"
+          f" {starts['idle_instance_pss_mb']} MB PSS idle")  # fmt: skip
     for mode in ("process", "in-process"):
         folder = write_gridsim(root / f"burst-{mode}", instances=None, mode=mode)
         port = free_port()
@@ -454,11 +511,89 @@ def workers(root: Path, quick: bool) -> dict[str, Any]:
         variant["extra_us_per_misdirected"] = round(extra * 1000 / share, 1) if share else None
         variant["cpu_vs_one_worker"] = round(variant["cpu_ms_per_request"] / one["cpu_ms_per_request"], 3)
         variant["rps_vs_one_worker"] = round(variant["requests_per_s"] / one["requests_per_s"], 3)
+    out["one_hand_off"] = one_hand_off_us(1024 if quick else 8192)
+    print(f"  one hand-off alone: {out['one_hand_off']['one_hand_off_us']} us of CPU")
     for label, variant in out["variants"].items():
         print(f"  --workers {label}: {variant['requests_per_s']} requests/s, {variant['cpu_ms_per_request']} ms CPU a"
               f" request, {variant['handed_off']:.0f} handed off, {variant['forwarded']:.0f} forwarded,"
               f" {variant['errors']} errors")  # fmt: skip
     return out
+
+
+def one_hand_off_us(connections: int) -> dict[str, float]:
+    """The CPU of one hand-off alone, in this one process (so CPU time is the whole of it): a worker's acceptor
+    takes ``connections`` connections whose head names its sibling, once serving each itself and once handing each
+    to the sibling's receiver (the real classes, real sockets); the difference a connection is the hand-off: the
+    peek, the head read, the ``sendmsg`` and the sibling's ``recvmsg``. Clients and the answering protocol are the
+    same both times."""
+    import asyncio
+    import base64
+
+    import itsdangerous
+
+    from gymhost._process._identity import OWNER_KEY, process_state
+    from gymhost._serving._accepting import Acceptor
+    from gymhost._serving._handoff import HandOffReceiver
+
+    folder = Path(tempfile.mkdtemp(prefix="gymhost-handoff-"))
+    process_state.become_worker(0, str(folder))
+    sibling = {"replica": process_state.replica, "worker": 1, "start": "s"}
+    payload = base64.b64encode(json.dumps({"session_id": "x", OWNER_KEY: sibling}).encode())
+    cookie = itsdangerous.TimestampSigner("secret", salt="gymhost.session:").sign(payload).decode()
+    head = f"POST /gridsim_look HTTP/1.1\r\nhost: gymhost\r\ncookie: GridSim___gridsim={cookie}\r\n\r\n".encode()
+
+    class Answer(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.transport.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+            self.transport.close()
+
+    async def run(hand_off: bool) -> float:
+        loop = asyncio.get_running_loop()
+        listening = socket.socket()
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1024)
+        listening.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 1)
+        zero = Acceptor(loop, listening, Answer, hand_off=hand_off)
+        path = folder / "worker-1.handoff"
+        path.unlink(missing_ok=True)
+        receiving = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        receiving.bind(str(path))
+        receiving.listen(4)
+        one = Acceptor(loop, socket.socket(), Answer)
+        receiver = HandOffReceiver(loop, receiving, one.serve)
+        zero.start()
+        receiver.start()
+        port = listening.getsockname()[1]
+
+        async def client() -> None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(head)
+            await reader.read()
+            writer.close()
+
+        await asyncio.gather(*(client() for _ in range(64)))  # warm
+        began = time.process_time()
+        for _ in range(connections // 64):
+            await asyncio.gather(*(client() for _ in range(64)))
+        used = time.process_time() - began
+        zero.close()
+        receiver.close()
+        listening.close()
+        return used * 1e6 / (connections // 64 * 64)
+
+    try:
+        served, handed = [], []
+        for _ in range(3):  # interleaved; the medians
+            served.append(asyncio.run(run(False)))
+            handed.append(asyncio.run(run(True)))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    served_us, handed_us = sorted(served)[1], sorted(handed)[1]
+    return {"served_here_us": round(served_us, 1), "handed_off_us": round(handed_us, 1),
+            "one_hand_off_us": round(handed_us - served_us, 1)}  # fmt: skip
 
 
 def _tree_cpu(pid: int) -> float:

@@ -13,9 +13,9 @@ The owner is read without checking the signature: a hand-off only decides which 
 worker checks the cookie or token as for any request (a forged owner costs at most the forward it would have cost).
 The workers' listening socket defers accepts until a request has arrived (``TCP_DEFER_ACCEPT``, set by
 ``_workers``), so the peek finds the head at once; a connection that has sent nothing yet (a Unix socket's) is waited
-for, up to ``_WAIT_S``. What a hand-off cannot serve keeps today's forward: a head that did not arrive whole in the first segment, a
-keep-alive connection whose later request belongs to another worker, another replica's session, a sibling that is
-gone or whose hand-off socket is full (counted in ``gymhost_handoffs_total``, then forwarded as before).
+for, up to ``_WAIT_S``. What a hand-off cannot serve keeps today's forward: a head that did not arrive whole in its
+first segment, a keep-alive connection whose later request belongs to another worker, another replica's session, a
+sibling that is gone or whose hand-off socket is full (counted in ``gymhost_handoffs_total``, then forwarded).
 """
 
 from __future__ import annotations
