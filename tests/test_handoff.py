@@ -170,3 +170,46 @@ async def test_what_cannot_be_handed_over_is_served_where_it_landed(
         assert await request(port, head(f"Cookie: a={cookie(1)}")) == "worker 0"
         assert handoffs("owner_gone") == gone + 1
     assert zero.served == 3
+
+
+async def test_a_sibling_too_busy_to_take_a_connection_leaves_it_served_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sibling that takes nothing from its hand-off socket (stuck, or under a burst) fills it: the connections
+    past what the socket holds are served where they landed (forwarded, in a real worker), each counted. Those it
+    holds end with it, as the requests a stuck worker holds do."""
+    monkeypatch.setattr(process_state, "replica", REPLICA)
+    monkeypatch.setattr(process_state, "worker", 0)
+    monkeypatch.setattr(process_state, "workers_dir", str(tmp_path))
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stuck.bind(str(tmp_path / "worker-1.handoff"))
+    stuck.listen(4)  # connected to, never read
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(1024)
+    zero = Worker(0, listening, tmp_path)
+    zero.acceptor.start()
+    busy, sent = handoffs("owner_busy"), handoffs("sent")
+    port = listening.getsockname()[1]
+    try:
+
+        async def answered() -> str:
+            try:
+                return await request(port, head(f"Cookie: a={cookie(1)}"))
+            except ConnectionResetError:  # closed unread, with the sibling
+                return ""
+
+        calls = [asyncio.create_task(answered()) for _ in range(600)]
+        for _ in range(300):  # every connection accepted and routed, one way or the other
+            if handoffs("owner_busy") - busy + handoffs("sent") - sent == len(calls):
+                break
+            await asyncio.sleep(0.1)
+        stuck.close()  # the sibling gone: what it held is closed
+        answers = await asyncio.gather(*calls)
+    finally:
+        zero.acceptor.close()
+        listening.close()
+    served_here = answers.count("worker 0")
+    assert 0 < served_here < len(answers), "the sibling's socket held some connections, not all"
+    assert handoffs("owner_busy") - busy == served_here == zero.served
+    assert handoffs("sent") - sent == answers.count("") == len(answers) - served_here
