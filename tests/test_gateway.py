@@ -292,3 +292,23 @@ def test_bundles_sharing_a_sibling_module_name_each_get_their_own(tmp_path: Path
             return [(await client.get(f"{prefix}/agentenv/pool")).json()["environment"] for prefix in apps]
 
     assert asyncio.run(names()) == ["alpha", "beta"]
+
+
+def test_a_root_with_a_folder_needing_its_own_venv_is_refused_under_workers(
+    tmp_path: Path, gym_root: Path
+) -> None:
+    """Each worker would start its own process for such a folder, and the sessions of a request reaching the other
+    worker would be lost: refused at start, with what to do instead, before any venv is built."""
+    from .processes import run_to_completion
+
+    folder = tmp_path / "resources_servers" / "example_single_tool_call"
+    shutil.copytree(gym_root / "example_single_tool_call", folder)
+    (folder / "requirements.txt").write_text("gymhost-test-package-nobody-has==1.0\n")
+    venvs = tmp_path / "venvs"
+    command = gymhost_command("serve", str(tmp_path), "--venv", "--workers", "2", "--port", "0")
+    result = run_to_completion(["env", f"GYMHOST_VENV_DIR={venvs}", *command])
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "/example_single_tool_call: example_single_tool_call needs a venv of its own" in result.stderr
+    assert "Serve this Gym root with one worker" in result.stderr
+    assert not venvs.exists(), "refused before a venv was built"
+    assert "Traceback" not in result.stderr

@@ -331,7 +331,7 @@ def serve(
                 server_urls=urls,
                 config_key=config_key,
                 address=sock.getsockname()[:2] if uds is None else None,
-                apart=apart_in_own_venvs(config, urls) if venv else None,
+                apart=apart_in_own_venvs(config, urls, workers=workers) if venv else None,
                 **overrides,
             )
             if config.root_path:

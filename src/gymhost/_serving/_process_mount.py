@@ -61,14 +61,26 @@ class _Status:
         return self.open
 
 
-def apart_in_own_venvs(config: ServeConfig, server_urls: Mapping[str, str]) -> Callable[[str, Path], Any]:
+def apart_in_own_venvs(
+    config: ServeConfig, server_urls: Mapping[str, str], *, workers: int = 1
+) -> Callable[[str, Path], Any]:
     """For ``build_gateway``'s ``apart``: a folder whose requirements this environment does not meet is served by a
-    ``ProcessMount`` from a venv of its own (``gymhost serve ROOT --venv``); the others are built in the gateway."""
+    ``ProcessMount`` from a venv of its own (``gymhost serve ROOT --venv``); the others are built in the gateway.
+
+    Not under ``--workers``: each worker would start a process of its own for the folder, stamping sessions with
+    its own identity, which no worker routes by; the episodes of a request reaching the other worker would be lost.
+    Refused at start instead."""
     from .._hosting._venvs import folder_venv, unmet_requirements
 
     def apart(prefix: str, folder: Path) -> ProcessMount | None:
         if not unmet_requirements(folder):
             return None
+        if workers > 1:
+            raise GatewayError(
+                f"{prefix}: {folder.name} needs a venv of its own and so a process of its own, whose sessions "
+                f"--workers {workers} cannot route yet. Serve this Gym root with one worker (and replicas behind a "
+                "load balancer, deploy/), or serve the folder alone: gymhost serve FOLDER --venv --workers N"
+            )
         return ProcessMount(folder, folder_venv(folder), prefix, config, server_urls)
 
     return apart
