@@ -294,9 +294,7 @@ def test_bundles_sharing_a_sibling_module_name_each_get_their_own(tmp_path: Path
     assert asyncio.run(names()) == ["alpha", "beta"]
 
 
-def test_a_root_with_a_folder_needing_its_own_venv_is_refused_under_workers(
-    tmp_path: Path, gym_root: Path
-) -> None:
+def test_a_root_with_a_folder_needing_its_own_venv_is_refused_under_workers(tmp_path: Path, gym_root: Path) -> None:
     """Each worker would start its own process for such a folder, and the sessions of a request reaching the other
     worker would be lost: refused at start, with what to do instead, before any venv is built."""
     from .processes import run_to_completion
