@@ -303,9 +303,10 @@ def scale_out_tables(out: dict[str, Any] | None) -> list[str]:
     direct, front = out["one_replica_direct"], out["haproxy_3_replicas"]
     if out["forwarded_mean_ms"] is None:
         forward = (
-            f"At one connection, wrk's one keep-alive connection was accepted by the worker holding its session, so"
-            f" no request was forwarded in this run (the owner answered in {out['owner_mean_ms']} ms on average, from"
-            " the servers' own metrics); the forward's cost is measured only when the other worker accepts it."
+            f"At one connection, wrk's one keep-alive connection reached the worker holding its session (accepted"
+            f" there, or handed to it), so no request was forwarded in this run (the owner answered in"
+            f" {out['owner_mean_ms']} ms on average, from the servers' own metrics); the forward's cost is in the"
+            " workers table, `--no-hand-off`."
         )
     else:
         forward = (

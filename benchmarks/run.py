@@ -618,8 +618,8 @@ def scale_out(root: Path, quick: bool) -> dict[str, Any]:
             wrk(f"{url}/get_weather", 16, 1, cookie)
             before = scrape(url)
             calls = [wrk(f"{url}/get_weather", 1, seconds, cookie)]
-            if workers == 2:  # one connection, no queueing: the seeded session lives on one worker, the other
-                # forwards its share to it; the servers' own metrics time both
+            if workers == 2:  # one connection, no queueing: the seeded session lives on one worker; if the other
+                # accepted the connection, it handed it over (or forwarded); the servers' own metrics time both
                 during = {key: value - before.get(key, 0.0) for key, value in scrape(url).items()}
                 out["forwarded_mean_ms"] = route_mean_ms(during, "(forwarded)")
                 out["owner_mean_ms"] = route_mean_ms(during, "/get_weather")

@@ -110,7 +110,7 @@ async def post_in_pieces(url: str, path: str, body: dict[str, Any], cookies: htt
     reader, writer = await asyncio.open_connection(host, int(port))
     writer.write(head[:24])
     await writer.drain()
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)  # long enough for a worker on a busy machine to take it and read the first piece
     writer.write(head[24:] + data)
     answer = await asyncio.wait_for(reader.read(), 30)
     writer.close()

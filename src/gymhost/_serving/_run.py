@@ -109,8 +109,8 @@ def run_app(
 ) -> None:
     """Serve ``app`` on ``sock`` (and ``extra_sockets``: a worker's socket for forwarded requests) until SIGINT or
     SIGTERM; both servers run the app's lifespan. ``hand_off``: a worker's socket where its siblings hand it the
-    connections of its sessions (``_handoff``), under uvicorn; under hypercorn, whose accept loop is its own,
-    workers forward instead."""
+    connections of its sessions (``_handoff``); uvicorn's only (hypercorn's accept loop is its own, and its workers
+    forward), so ``_workers`` makes none under hypercorn."""
     freeze_imported_heap()
     lifespan = LifespanRunner(app)
     sockets = [sock, *extra_sockets]
@@ -118,8 +118,6 @@ def run_app(
         if config.server == "uvicorn":
             _run_uvicorn(lifespan, sockets, config, hand_off)
         elif config.server == "hypercorn":
-            if hand_off is not None:
-                hand_off.close()
             _run_hypercorn(lifespan, sockets, config)
         else:
             raise ServeError(f"unknown server {config.server!r}; expected one of {', '.join(SERVERS)}")

@@ -43,6 +43,7 @@ from .._config import SECRET_ENV_VAR, ServeConfig
 from .._exceptions import GymhostError, ServeError
 from .._metrics import share_metrics
 from .._process._identity import process_state
+from ._run import bind_unix_socket
 
 __all__ = ["prepare_workers", "serve_workers"]
 
@@ -67,7 +68,7 @@ def serve_workers(
 ) -> None:
     """Fork ``workers`` workers serving ``app`` on ``sock`` (``run`` is ``_serving.run_app``) and keep them up
     until a signal stops them all."""
-    if config.hand_off and sock.family in (socket.AF_INET, socket.AF_INET6):
+    if _hands_off(config) and sock.family in (socket.AF_INET, socket.AF_INET6):
         # The kernel wakes an accept only once the request has arrived: the hand-off reads its owner at once,
         # instead of each worker waiting, connection by connection, for its head (``_handoff``).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 1)
@@ -162,18 +163,16 @@ class _Supervisor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, signal.SIG_DFL)  # the ASGI server installs its own
         process_state.become_worker(index, str(self.folder))
-        forwards = _listen(process_state.worker_socket(index, "forwards"), self.config.backlog)  # a burst forwards
-        # thousands at once; connections are handed over by the few siblings, each over one connection it keeps
-        hand_off = _listen(process_state.worker_socket(index, "handoff"), 16) if self.config.hand_off else None
+        # Its own Unix sockets (replacing what a worker of the same index left behind): a burst forwards thousands
+        # of requests at once; connections are handed over by the few siblings, each over one connection it keeps.
+        forwards = bind_unix_socket(process_state.worker_socket(index, "forwards"), self.config.backlog)
+        hand_off = (
+            bind_unix_socket(process_state.worker_socket(index, "handoff"), 16) if _hands_off(self.config) else None
+        )
         self.run_app(self.app, self.sock, self.config, extra_sockets=[forwards], hand_off=hand_off)
         return 0
 
 
-def _listen(path: str, backlog: int) -> socket.socket:
-    """A worker's own Unix socket (the one a worker of the same index left behind is replaced)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    sock.listen(backlog)
-    return sock
+def _hands_off(config: ServeConfig) -> bool:
+    """Whether workers hand connections over: asked for, and under uvicorn (hypercorn accepts by itself)."""
+    return config.hand_off and config.server == "uvicorn"
