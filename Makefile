@@ -84,10 +84,13 @@ test-gym04: .venv-gym04/.installed .venv-openenv/.installed .venv-agentenv/.inst
 test-gym07: .venv-gym07/.installed .venv-openenv/.installed .venv-agentenv/.installed
 	$(OPENENV) $(AGENTENV) .venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers and not replay"
 
-# The verifiers tier: the real trainer client (vf-eval, NeMo Gym taskset) against gymhost, on nemo-gym 0.4.0 (the
-# version verifiers pins).
-test-verifiers: .venv-gym04/.installed .venv-openenv/.installed .venv-agentenv/.installed .venv-verifiers/.installed
-	$(OPENENV) $(AGENTENV) GYMHOST_VERIFIERS_BIN=$(CURDIR)/.venv-verifiers/bin .venv-gym04/bin/pytest -m verifiers
+# The verifiers tier: the real trainer client (vf-eval, NeMo Gym taskset) against gymhost, on each nemo-gym version:
+# which one the server runs says nothing about what the client reads.
+VERIFIERS := $(OPENENV) $(AGENTENV) GYMHOST_VERIFIERS_BIN=$(CURDIR)/.venv-verifiers/bin
+test-verifiers: .venv-gym04/.installed .venv-gym07/.installed .venv-openenv/.installed .venv-agentenv/.installed \
+		.venv-verifiers/.installed
+	$(VERIFIERS) .venv-gym04/bin/pytest -m verifiers
+	$(VERIFIERS) .venv-gym07/bin/pytest -m verifiers
 
 # The replay tier: Gym's own recorded rollouts of every published folder that plays offline, replayed through
 # gymhost and held to the recorded rewards, on each nemo-gym version; folders whose requirements these venvs lack are

@@ -30,7 +30,7 @@ import httpx
 from gymhost import EpisodeClient
 from gymhost.environments import awrite_folder, write_folder
 
-from .verdicts import REFUSAL_STATUSES, carries_mask, read_verdict
+from .verdicts import REFUSAL_STATUSES, read_verdict
 
 FAULTY_ENV = '''
 import asyncio
@@ -274,7 +274,7 @@ async def run_episode(base: str, row: dict[str, Any], kind: str, transport: Shar
             return outcome
         verified = await episode.post("/verify", {**row, "response": episode.transcript.response()})
         outcome.statuses.append(("verify", verified.status_code))
-        if verified.status_code == 200 or (verified.status_code in REFUSAL_STATUSES and not carries_mask()):
+        if verified.status_code == 200 or verified.status_code in REFUSAL_STATUSES:
             outcome.verdict = read_verdict(verified)
     return outcome
 
@@ -309,7 +309,7 @@ def problems(outcomes: list[Outcome]) -> list[str]:
         verdict = outcome.verdict or {}
         summary = {key: verdict.get(key) for key in ("reward", "mask_sample", "failure_kind", "failure_reason")}
         statuses = dict(outcome.statuses)
-        verified = statuses.get("verify") == 200 or (outcome.verdict is not None and not carries_mask())
+        verified = outcome.verdict is not None  # a 200, or a masked verdict refused
         if any(status >= 500 and status != 503 and call != "verify" for call, status in outcome.statuses):
             found.append(f"#{number} {outcome.kind}: a 5xx other than 503: {outcome.statuses}")
         elif statuses.get("seed") != 200 or (outcome.kind != "abandon" and not verified):

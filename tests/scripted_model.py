@@ -4,6 +4,12 @@ Chat completions only (streamed or not), which is what verifiers' agent program 
 (k = the assistant messages after the last user message) answers the script's k-th tool call; once the script is
 used up, it answers ``final`` as plain text, which ends the client's tool loop. Standard library only, so any
 Python runs it: ``python scripted_model.py --port P --script '{"steps": [...], "final": "..."}'``.
+
+Several rows in one run: ``{"scripts": [{"match": TEXT, "steps": ..., "final": ...}, ...]}`` plays the first script
+whose ``match`` is in the conversation's first user message. A test that must do something in the middle of an
+episode (kill an instance, restart the server) names a gate: ``"gates": {"1": "killed"}`` holds turn 1 until the
+file ``GATES/killed.go`` exists, after creating ``GATES/killed.reached`` (``--gates GATES``), so the test acts when the
+episode is where it wants it, and the episode goes on when it is done.
 """
 
 from __future__ import annotations
@@ -14,17 +20,40 @@ import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 SCRIPT: dict[str, Any] = {"steps": [], "final": "Done."}
+GATES: Path | None = None
+
+
+def script_of(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    if "scripts" not in SCRIPT:
+        return SCRIPT
+    first = next((str(message.get("content")) for message in messages if message.get("role") == "user"), "")
+    for script in SCRIPT["scripts"]:
+        if script["match"] in first:
+            return dict(script)
+    raise LookupError(f"no script matches the prompt {first[:200]!r}")
+
+
+def wait_at_gate(name: str) -> None:
+    assert GATES is not None, "a script names a gate: start the model with --gates FOLDER"
+    (GATES / f"{name}.reached").touch()
+    while not (GATES / f"{name}.go").exists():
+        time.sleep(0.05)
 
 
 def completion(body: dict[str, Any]) -> dict[str, Any]:
     messages = body.get("messages") or []
     last_user = max((i for i, message in enumerate(messages) if message.get("role") == "user"), default=-1)
     turn = sum(1 for message in messages[last_user + 1 :] if message.get("role") == "assistant")
-    steps = SCRIPT.get("steps") or []
-    message: dict[str, Any] = {"role": "assistant", "content": None if turn < len(steps) else SCRIPT.get("final")}
+    script = script_of(messages)
+    gate = (script.get("gates") or {}).get(str(turn))
+    if gate is not None:
+        wait_at_gate(gate)
+    steps = script.get("steps") or []
+    message: dict[str, Any] = {"role": "assistant", "content": None if turn < len(steps) else script.get("final")}
     if turn < len(steps):
         step = steps[turn]
         function = {"name": step["name"], "arguments": json.dumps(step.get("arguments") or {})}
@@ -93,12 +122,14 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
-    global SCRIPT
+    global SCRIPT, GATES
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--script", required=True, help='JSON: {"steps": [{"name", "arguments"}], "final": "..."}')
+    parser.add_argument("--gates", type=Path, default=None, help="the folder of the scripts' gates")
     args = parser.parse_args()
     SCRIPT = json.loads(args.script)
+    GATES = args.gates
     ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
 
 

@@ -34,7 +34,12 @@ def test_the_stack_is_the_documented_one(gym_root: Path, gym_version: tuple[int,
         gyms = ["DisconnectCancellationMiddleware", "GymErrorsMiddleware", "MountedRolloutContextMiddleware"]
     else:
         gyms = ["GymErrorsMiddleware"]
-    episodes = ["DrainingMiddleware", "SessionOwnershipMiddleware", "EpisodeTrackingMiddleware"]
+    episodes = [
+        "MaskedVerdictsMiddleware",
+        "DrainingMiddleware",
+        "SessionOwnershipMiddleware",
+        "EpisodeTrackingMiddleware",
+    ]
     expected = ours + gyms + ["GymSessionMiddleware", *episodes]
     assert [m.cls.__name__ for m in app.user_middleware] == expected
     # Starlette and FastAPI put their own layers around the user's (error pages, telemetry) and below them (the
@@ -44,6 +49,25 @@ def test_the_stack_is_the_documented_one(gym_root: Path, gym_version: tuple[int,
     assert chain[start : start + len(expected)] == expected, chain
     assert chain[0] == "ServerErrorMiddleware"
     assert "BaseHTTPMiddleware" not in chain, "every layer is pure ASGI"
+
+
+def test_masked_verdicts_answered_leave_the_rule_out_and_a_written_servers_own_layer_is_replaced(
+    gym_root: Path, tmp_path: Path
+) -> None:
+    """A written server brings the rule for Gym's launcher (``launcher_mode``); gymhost places one layer of its own,
+    as its setting says, whatever the server brought."""
+    from gymhost.environments import write_folder
+
+    from .agentenv_helpers import GRIDSIM
+
+    assert "MaskedVerdictsMiddleware" not in layers(create_app(gym_root / EXAMPLE, masked_verdicts="answer"))
+    written = write_folder(str(GRIDSIM), tmp_path).path
+    assert layers(create_app(written)).count("MaskedVerdictsMiddleware") == 1
+    assert "MaskedVerdictsMiddleware" not in layers(create_app(written, masked_verdicts="answer"))
+
+
+def layers(app: Any) -> list[str]:
+    return [m.cls.__name__ for m in app.user_middleware]
 
 
 def test_without_a_token_or_http_metrics_the_guard_is_outermost(gym_root: Path) -> None:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -23,6 +23,7 @@ from .agentenv_helpers import COUNTER_TASK, make_bundle, rows
 from .fault_helpers import awrite_faulty
 from .gym_plays import example_rows, play_session_state
 from .processes import ServerProcess, descendants, gymhost_command, serving
+from .verdicts import read_verdict
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -177,17 +178,23 @@ async def test_json_logs_carry_each_episodes_end(counter_folder: Path) -> None:
     assert end["logger"] == "gymhost.episodes"
 
 
-@pytest.mark.parametrize("server_kind", ["published", "written"])
+@pytest.mark.parametrize(
+    ("server_kind", "masked_verdicts"), [("published", "refuse"), ("written", "refuse"), ("published", "answer")]
+)
 async def test_a_session_verified_on_another_replica_is_never_a_genuine_zero(
-    gym_root: Path, gym_version: tuple[int, ...], counter_folder: Path, server_kind: str
+    gym_root: Path, counter_folder: Path, server_kind: str, masked_verdicts: Literal["refuse", "answer"]
 ) -> None:
-    """Two replicas with one secret: play on the first, verify on the second. nemo-gym 0.5+ answers a masked
-    session_lost verdict naming the owner; 0.4.0, which has no such fields, a 410 naming it. A tool call there is 410;
-    a seed there starts a new episode."""
+    """Two replicas with one secret: play on the first, verify on the second: a masked session_lost verdict naming
+    the owner, refused 410 by default (on either nemo-gym), answered 200 with GYMHOST_MASKED_VERDICTS=answer. A tool
+    call there is 410; a seed there starts a new episode."""
     folder = gym_root / COUNTER if server_kind == "published" else counter_folder
     row = example_rows(folder)[0] if server_kind == "published" else rows(folder)[0]
     tool, arguments = ("increment_counter", {"count": 1}) if server_kind == "published" else ("increment", {"by": 2})
-    with serve(folder, "--replica-id", "replica-a") as first, serve(folder, "--replica-id", "replica-b") as second:
+    mode = {"GYMHOST_MASKED_VERDICTS": masked_verdicts}
+    with (
+        serve(folder, "--replica-id", "replica-a", env=mode) as first,
+        serve(folder, "--replica-id", "replica-b", env=mode) as second,
+    ):
         episode = EpisodeClient(first.url)
         await episode.seed(row)
         assert (await episode.call_tool(tool, arguments)).ok
@@ -199,17 +206,17 @@ async def test_a_session_verified_on_another_replica_is_never_a_genuine_zero(
         assert "replica replica-a" in lost_call.json()["detail"]
         assert lost_call.json()["owner"]["replica"] == "replica-a"
         answer = await elsewhere.post("/verify", {**row, "response": episode.transcript.response("")})
-        if gym_version >= (0, 5):
-            verdict = answer.json()
-            assert answer.status_code == 200
-            assert (verdict["reward"], verdict["mask_sample"], verdict["failure_kind"]) == (0.0, True, "session_lost")
-            assert "replica replica-a" in verdict["failure_reason"]
-        else:
-            assert answer.status_code == 410
-            assert "replica replica-a" in answer.json()["detail"]
+        assert answer.status_code == (410 if masked_verdicts == "refuse" else 200), answer.text
+        verdict = read_verdict(answer, masked_verdicts)
+        assert (verdict["reward"], verdict["mask_sample"], verdict["failure_kind"]) == (0.0, True, "session_lost")
+        assert "replica replica-a" in verdict["failure_reason"]
         reseeded = await elsewhere.post("/seed_session", row)
         assert reseeded.status_code == 200, "a seed on another replica starts a new episode there"
         assert (await episode.verify(row)).get("mask_sample") in (False, None), "the owner still has it"
+        refused = scrape(second.url).get(
+            ("gymhost_masked_verdicts_refused_total", (("failure_kind", "session_lost"), ("mount", "/")))
+        )
+        assert refused == (1.0 if masked_verdicts == "refuse" else None)
 
 
 async def test_a_cookie_from_before_a_restart_is_refused_as_an_earlier_start(counter_folder: Path) -> None:

@@ -149,7 +149,7 @@ async def test_a_folder_in_its_own_venv_replays_its_recorded_rewards(
     folder = gym_root / "resources_servers" / name
     settings = [f"--set={key}={value}" for key, value in MANIFEST[name].get("set", {}).items()]
     command = gymhost_command("serve", str(folder), "--port", "0", "--venv", *settings)
-    with serving(command, env=venvs) as server:
+    with serving(command, env={**venvs, **time_limits(name)}) as server:
         openapi = httpx.get(f"{server.url}/openapi.json").json()
         played = await replay(
             lambda: httpx.AsyncClient(base_url=server.url, timeout=60),
@@ -172,7 +172,11 @@ async def test_a_root_serves_the_folders_that_need_their_own_venv_by_processes_b
     root = tmp_path / "root"
     for name in ("example_single_tool_call", "math_with_judge"):
         shutil.copytree(gym_root / "resources_servers" / name, root / "resources_servers" / name)
-    with serving(gymhost_command("serve", str(root), "--port", "0", "--venv"), env=venvs) as server:
+    # A root's folders take no --set: the manifest's values go in the root's env.yaml, as a deployment's would.
+    values = {name: {"resources_servers": {name: MANIFEST[name]["set"]}} for name in ["math_with_judge"]}
+    (root / "env.yaml").write_text(json.dumps(values))  # YAML reads JSON
+    command = gymhost_command("serve", str(root), "--port", "0", "--venv")
+    with serving(command, env={**venvs, **time_limits("math_with_judge")}) as server:
         assert httpx.get(f"{server.url}/readyz").json() == {"status": "ok"}
         (mount,) = [pid for pid in children(server.process.pid) if "math_with_judge" in _command_line(pid)]
         for name in ("example_single_tool_call", "math_with_judge"):
@@ -190,6 +194,20 @@ async def test_a_root_serves_the_folders_that_need_their_own_venv_by_processes_b
             assert f'gymhost_sessions_started_total{{mount="/{name}"}} {float(ROWS)}' in metrics, metrics
     assert_stopped_cleanly(server)
     assert not alive(mount), "the folder's process outlived the gateway"
+
+
+def time_limits(name: str) -> dict[str, str]:
+    """The environment that raises a verifier's own time limit where the manifest says it must, and why
+    (``tests/replay/time_limits``)."""
+    limit = MANIFEST[name].get("verify_time_limit_s")
+    if limit is None:
+        return {}
+    return {
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO / "tests" / "replay" / "time_limits"), os.environ.get("PYTHONPATH")])
+        ),
+        "GYMHOST_REPLAY_MATH_VERIFY_TIMEOUT_S": str(limit),
+    }
 
 
 def _command_line(pid: int) -> str:

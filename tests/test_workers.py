@@ -79,14 +79,16 @@ async def play_gridsim(url: str, row: dict[str, Any], prefix: str = "") -> dict[
 @pytest.mark.parametrize("routing", ["--hand-off", "--no-hand-off"])
 async def test_cookie_flow_episodes_reach_their_worker(gridsim: Path, gym_root: Path, routing: str) -> None:
     """A new connection per call, as verifiers makes them: about half land on the worker that does not hold their
-    episode. Handed off, the connection itself goes to its owner, and nothing is forwarded; without, the accepting
-    worker forwards the request."""
+    episode, and every episode reaches its owner (each scores 1.0). Handed off, the connection itself goes to its
+    owner; the few that cannot be (a head that came in pieces on a busy machine) are forwarded instead, and counted.
+    Without hand-off, the accepting worker forwards the request."""
     with serve(gridsim, routing) as server:
         answers = await asyncio.gather(*(play_gridsim(server.url, row) for row in rows(gridsim) * 4))
         assert [answer["reward"] for answer in answers] == [1.0] * 40
         if routing == "--hand-off":
-            assert handed_off(server.url) > 0, "some connections were accepted by a worker not holding their episode"
-            assert forwarded(server.url) == 0, "each came whole in its first segment: handed over, not forwarded"
+            sent, fell_back = handed_off(server.url), forwarded(server.url)
+            assert sent > 0, "some connections were accepted by a worker not holding their episode"
+            assert fell_back < sent, f"hand-off is the way: {sent} handed off, {fell_back} forwarded instead"
         else:
             assert forwarded(server.url) > 0, "some requests were accepted by a worker that did not hold their episode"
             assert handed_off(server.url) == 0
@@ -189,7 +191,7 @@ async def test_mcp_token_calls_reach_their_worker(gym_root: Path) -> None:
         assert handed_off(server.url) > 0
 
 
-async def test_a_dead_worker_is_replaced_and_its_episodes_end_lost(gridsim: Path, gym_version: tuple[int, ...]) -> None:
+async def test_a_dead_worker_is_replaced_and_its_episodes_end_lost(gridsim: Path) -> None:
     row = next(r for r in rows(gridsim) if r["task_id"] == "reach-corner")
     with serve(gridsim) as server:
         episodes = [EpisodeClient(server.url) for _ in range(12)]
@@ -219,10 +221,8 @@ async def test_a_dead_worker_is_replaced_and_its_episodes_end_lost(gridsim: Path
         assert played, "the other worker's episodes went on"
         assert all(answer["reward"] == 1.0 for answer in played)
         for kind, status, answer in verdicts:
-            if kind == "lost" and gym_version >= (0, 5):
-                assert (status, answer["mask_sample"], answer["failure_kind"]) == (200, True, "session_lost"), answer
-            elif kind == "lost":
-                assert (status, answer["failure_kind"]) == (410, "session_lost"), answer
+            if kind == "lost":
+                assert (status, answer["failure_kind"], answer["verdict"]["mask_sample"]) == (410, "session_lost", True)
         assert (await play_gridsim(server.url, row))["reward"] == 1.0, "new episodes play on the new worker"
 
 

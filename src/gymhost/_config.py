@@ -20,6 +20,8 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JSON_DEPTH",
     "FOLDER_ENV_VAR",
+    "MASKED_VERDICTS",
+    "MASKED_VERDICTS_ENV_VAR",
     "NO_TOKEN",
     "PARENT_PID_ENV_VAR",
     "REPLICA_ENV_VAR",
@@ -27,9 +29,11 @@ __all__ = [
     "SERVERS",
     "TOKEN_ENV_VAR",
     "AppSettings",
+    "MaskedVerdicts",
     "NoToken",
     "ServeConfig",
     "ServerName",
+    "resolve_masked_verdicts",
     "resolve_token",
 ]
 
@@ -42,6 +46,14 @@ REPLICA_ENV_VAR: Final = "GYMHOST_REPLICA_ID"
 SECRET_ENV_VAR: Final = "GYMHOST_SECRET"
 FOLDER_ENV_VAR: Final = "GYMHOST_FOLDER"
 PARENT_PID_ENV_VAR: Final = "GYMHOST_PARENT_PID"  # a gymhost process another one started dies with it
+MASKED_VERDICTS_ENV_VAR: Final = "GYMHOST_MASKED_VERDICTS"
+
+# How a masked verdict (``mask_sample: true``: the infrastructure or the environment lost the episode) reaches the
+# client (``middleware.masked_verdicts``). ``refuse``: an HTTP error naming the failure, which every client fails the
+# rollout on (verifiers never reads ``mask_sample`` and would train on the 0.0 of a 200). ``answer``: a 200 with
+# ``mask_sample``, for clients that read it (Gym 0.5+'s rollout collection, which aborts on an error instead).
+MaskedVerdicts = Literal["refuse", "answer"]
+MASKED_VERDICTS: Final[tuple[MaskedVerdicts, ...]] = ("refuse", "answer")
 
 ServerName = Literal["uvicorn", "hypercorn"]
 SERVERS: Final[tuple[ServerName, ...]] = ("uvicorn", "hypercorn")
@@ -73,19 +85,32 @@ def resolve_token(token: str | NoToken | None) -> str | None:
     return resolved
 
 
+def resolve_masked_verdicts(value: str | None, default: MaskedVerdicts = "refuse") -> MaskedVerdicts:
+    """``value``, or ``GYMHOST_MASKED_VERDICTS`` when None, or ``default`` when that is unset too; anything else
+    than ``MASKED_VERDICTS`` is refused, naming them."""
+    resolved = value if value is not None else (os.environ.get(MASKED_VERDICTS_ENV_VAR) or default)
+    for mode in MASKED_VERDICTS:
+        if resolved == mode:
+            return mode
+    where = "masked_verdicts" if value is not None else MASKED_VERDICTS_ENV_VAR
+    raise ServeError(f"{where} is {resolved!r}; expected one of: {', '.join(MASKED_VERDICTS)}")
+
+
 @dataclass(frozen=True)
 class AppSettings:
     """What an app refuses and measures, decided once where it is built and passed down to its middleware stack.
 
     ``token``: the bearer token every request but a liveness probe must carry (already resolved: None is no check).
     Bodies above ``max_body_bytes`` are refused 413; JSON nested deeper than ``max_json_depth``, or holding a lone
-    surrogate escape, 400. ``http_metrics`` False leaves out the per-request HTTP metrics.
+    surrogate escape, 400. ``http_metrics`` False leaves out the per-request HTTP metrics. ``masked_verdicts``: how
+    a masked verdict reaches the client (``MaskedVerdicts``).
     """
 
     token: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     http_metrics: bool = True
+    masked_verdicts: MaskedVerdicts = "refuse"
 
     @classmethod
     def of(
@@ -95,9 +120,13 @@ class AppSettings:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
         metrics: bool = True,
+        masked_verdicts: str | None = None,
     ) -> AppSettings:
-        """From ``create_app``'s keyword arguments, the token resolved (``resolve_token``)."""
-        return cls(resolve_token(token), max_body_bytes, max_json_depth, metrics)
+        """From ``create_app``'s keyword arguments, the token and the masked verdicts' mode resolved (``None`` reads
+        their environment variables)."""
+        return cls(
+            resolve_token(token), max_body_bytes, max_json_depth, metrics, resolve_masked_verdicts(masked_verdicts)
+        )
 
 
 @dataclass(frozen=True)

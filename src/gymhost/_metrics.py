@@ -67,6 +67,12 @@ _REWARD = Histogram(
     ["mount"],
     buckets=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 1.0),
 )
+_VERDICTS_REFUSED = Counter(
+    "gymhost_masked_verdicts_refused",
+    "Masked verdicts answered as an HTTP error instead of a 200 (--masked-verdicts refuse), so that a client that "
+    "never reads mask_sample fails the rollout instead of training on its 0.0; by failure_kind.",
+    ["mount", "failure_kind"],
+)
 _SEED_WAIT = Histogram(
     "gymhost_seed_wait_seconds", "How long a seed waited for an environment instance.", ["mount"], buckets=_SLOW
 )
@@ -107,8 +113,8 @@ _HANDOFFS = Counter(
     "request instead (owner_busy, owner_gone); dropped: handed over to a worker out of descriptors, and lost.",
     ["outcome"],
 )
-_OURS = (HTTP_REQUEST_DURATION, HTTP_ACTIVE_REQUESTS, _EPISODES_OPEN, _EPISODES_ENDED, _REWARD, _SEED_WAIT,
-         _TOOL_CALL, _INSTANCES, _SEEDS_WAITING, _SESSIONS_STARTED, _ACCEPT_ERRORS, _LISTEN_OVERFLOWS,
+_OURS = (HTTP_REQUEST_DURATION, HTTP_ACTIVE_REQUESTS, _EPISODES_OPEN, _EPISODES_ENDED, _REWARD, _VERDICTS_REFUSED,
+         _SEED_WAIT, _TOOL_CALL, _INSTANCES, _SEEDS_WAITING, _SESSIONS_STARTED, _ACCEPT_ERRORS, _LISTEN_OVERFLOWS,
          _FORWARD_FAILURES, _HANDOFFS)  # fmt: skip
 
 
@@ -160,6 +166,9 @@ class EpisodeMetrics:
         _EPISODES_ENDED.labels(self.mount, outcome, failure_kind or "").inc()
         if outcome == "rewarded" and reward is not None:
             self._reward.observe(reward)
+
+    def verdict_refused(self, failure_kind: str) -> None:
+        _VERDICTS_REFUSED.labels(self.mount, failure_kind).inc()
 
     def gauges(self, *, open_episodes: int, instances: dict[str, int] | None = None, waiting: int = 0) -> None:
         self._open.set(open_episodes)

@@ -13,13 +13,25 @@ import importlib.util
 
 from ._exceptions import NemoGymNotInstalledError
 
-__all__ = ["GYM_ROUTE_NAMES", "PROVIDER_UNAVAILABLE", "SESSION_LOST", "require_nemo_gym", "verdicts_carry_mask"]
+__all__ = [
+    "CANCELLED",
+    "GYM_ROUTE_NAMES",
+    "PROVIDER_UNAVAILABLE",
+    "SESSION_EXPIRED",
+    "SESSION_LOST",
+    "SHUTDOWN",
+    "require_nemo_gym",
+    "verdicts_carry_mask",
+]
 
-# Failure kinds of nemo-gym's shared vocabulary (``nemo_gym.failure_kinds``, 0.7.0) that gymhost's core answers with:
-# an episode whose owner is gone, and a server that takes no episode now. The environments' are in their
-# ``_outcomes``.
+# Failure kinds of nemo-gym's shared vocabulary (``nemo_gym.failure_kinds``, 0.7.0) that gymhost's core answers with
+# or tells apart: an episode whose owner is gone, one that expired or was cancelled, and a server that takes no
+# episode now or is shutting down. The environments' own are in their ``_outcomes``.
 SESSION_LOST = "session_lost"
+SESSION_EXPIRED = "session_expired"
+CANCELLED = "cancelled"
 PROVIDER_UNAVAILABLE = "provider_unavailable"
+SHUTDOWN = "shutdown"
 
 # Paths a Gym resources server serves itself (nemo-gym 0.4.0 and 0.7.0, liveness and docs included); every other
 # single-segment POST route of a resources server is a tool.
@@ -58,9 +70,8 @@ def require_nemo_gym() -> str:
 
 
 def verdicts_carry_mask() -> bool:
-    """Whether this nemo-gym's verify answer has ``mask_sample`` (0.5+). 0.4.0's has only ``reward``, and its clients
-    (verifiers, Gym 0.4.0's own rollout collection) train on the reward of every 200: there a masked verdict must be
-    refused with an HTTP error, never answered as a 0.0 (``_outcomes.refusal_status``)."""
+    """Whether this nemo-gym's verify answer has ``mask_sample`` (0.5+): whether Gym's own clients of this version
+    read it (``middleware.masked_verdicts.launcher_mode``)."""
     from nemo_gym.base_resources_server import BaseVerifyResponse
 
     return "mask_sample" in BaseVerifyResponse.model_fields

@@ -17,6 +17,8 @@ import click
 
 from ._config import (
     DEFAULT_MAX_BODY_BYTES,
+    MASKED_VERDICTS,
+    MASKED_VERDICTS_ENV_VAR,
     NO_TOKEN,
     PARENT_PID_ENV_VAR,
     REPLICA_ENV_VAR,
@@ -149,6 +151,18 @@ def main() -> None:
     help="Larger request bodies are refused with 413.",
 )
 @click.option(
+    "--masked-verdicts",
+    envvar=MASKED_VERDICTS_ENV_VAR,
+    show_envvar=True,
+    type=click.Choice(MASKED_VERDICTS),
+    default=AppSettings.masked_verdicts,
+    show_default=True,
+    help="How a verdict the server masked (the episode was lost, not failed by the model) reaches the client. refuse: "
+    "an HTTP error naming the failure, so every client fails the rollout (verifiers never reads mask_sample and "
+    "would train on the 0.0 of a 200). answer: a 200 with mask_sample true, for clients that read it (Gym 0.5+'s "
+    "rollout collection, which aborts on an error).",
+)
+@click.option(
     "--drain-timeout",
     envvar="GYMHOST_DRAIN_TIMEOUT",
     show_envvar=True,
@@ -242,6 +256,7 @@ def serve(
     access_log: bool,
     token: str | None,
     max_body_bytes: int,
+    masked_verdicts: str,
     drain_timeout: int,
     replica_id: str | None,
     workers: int,
@@ -324,14 +339,20 @@ def serve(
             served_port = sock.getsockname()[1] if uds is None else None
             process_state.configure(replica=replica_id, port=served_port, advertise_url=advertise_url)
             folder = str(enter_folder(folder))
+            # click has read GYMHOST_TOKEN and GYMHOST_MASKED_VERDICTS already: no token here means none was given.
+            app_settings = AppSettings.of(
+                token=token or NO_TOKEN,
+                max_body_bytes=max_body_bytes,
+                metrics=http_metrics,
+                masked_verdicts=masked_verdicts,
+            )
             app = load_app(
                 folder,
-                # click has read GYMHOST_TOKEN already: no token here means none was given anywhere.
-                AppSettings.of(token=token or NO_TOKEN, max_body_bytes=max_body_bytes, metrics=http_metrics),
+                app_settings,
                 server_urls=urls,
                 config_key=config_key,
                 address=sock.getsockname()[:2] if uds is None else None,
-                apart=apart_in_own_venvs(config, urls, workers=workers) if venv else None,
+                apart=apart_in_own_venvs(config, urls, app_settings.masked_verdicts, workers=workers) if venv else None,
                 **overrides,
             )
             if config.root_path:

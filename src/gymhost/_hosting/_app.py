@@ -20,11 +20,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._config import DEFAULT_HOST, DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, AppSettings, NoToken
+from .._config import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_JSON_DEPTH,
+    AppSettings,
+    MaskedVerdicts,
+    NoToken,
+)
 from .._exceptions import FolderError
 from .._keys import StateKey
 from .._logging import fastmcp_leaves_logging_alone
-from .._nemo_gym import require_nemo_gym, verdicts_carry_mask
+from .._nemo_gym import require_nemo_gym
 from ._folder import ServerSpec, load_server_spec
 
 if TYPE_CHECKING:
@@ -60,6 +67,7 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
     metrics: bool = True,
+    masked_verdicts: MaskedVerdicts | None = None,
     **overrides: Any,
 ) -> FastAPI:
     """Build the ASGI app of the resources server in ``folder``.
@@ -73,11 +81,21 @@ def create_app(
     ``token``: every request but liveness probes must carry ``Authorization: Bearer <token>``; None reads
     ``GYMHOST_TOKEN`` (unset: no check), ``NO_TOKEN`` turns the check off. Bodies above ``max_body_bytes`` answer
     413; JSON nested deeper than ``max_json_depth``, or holding a lone surrogate escape, answers 400. ``metrics``
-    False leaves out the per-request HTTP metrics (``/metrics`` still serves the rest). The middleware stack this
-    builds is ``gymhost.middleware.stack.middleware_stack``'s; ``/readyz`` and ``/metrics`` are ``_operating``'s.
+    False leaves out the per-request HTTP metrics (``/metrics`` still serves the rest).
+
+    ``masked_verdicts``: how a verdict the server masked (the episode was lost, not failed by the model) reaches the
+    client. ``"refuse"`` (the default; None reads ``GYMHOST_MASKED_VERDICTS``) answers it with an HTTP error naming
+    the failure, which every client fails the rollout on: verifiers never reads ``mask_sample`` and would train on
+    the 0.0 of a 200. ``"answer"`` answers the 200 with ``mask_sample: true``, for clients that read it (Gym 0.5+'s
+    rollout collection). The middleware stack this builds is ``gymhost.middleware.stack.middleware_stack``'s;
+    ``/readyz`` and ``/metrics`` are ``_operating``'s.
     """
     settings = AppSettings.of(
-        token=token, max_body_bytes=max_body_bytes, max_json_depth=max_json_depth, metrics=metrics
+        token=token,
+        max_body_bytes=max_body_bytes,
+        max_json_depth=max_json_depth,
+        metrics=metrics,
+        masked_verdicts=masked_verdicts,
     )
     return build_app(folder, settings, server_urls=server_urls, config_key=config_key, **overrides)
 
@@ -137,7 +155,6 @@ def _build(
     operations = operate(app, server)  # after every other lifespan wrapper: ready means all of it started
     episodes = EpisodeLayers(
         starts=frozenset({"/reset"} if _plays_gymnasium(app) else {"/seed_session"}),
-        masked_verdicts=verdicts_carry_mask(),
         metrics=operations.metrics,
         tracker=operations.tracker,
     )

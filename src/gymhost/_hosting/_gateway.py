@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.routing import Mount
 
-from .._config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, AppSettings, NoToken
+from .._config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, AppSettings, MaskedVerdicts, NoToken
 from .._exceptions import FolderError, GatewayError
 from .._keys import MOUNT, MOUNTS
 from .._nemo_gym import GYM_ROUTE_NAMES
@@ -72,6 +72,7 @@ def create_gateway(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH,
     metrics: bool = True,
+    masked_verdicts: MaskedVerdicts | None = None,
 ) -> Any:
     """A FastAPI app with each server mounted at its prefix and their lifespans run by its own.
 
@@ -79,12 +80,17 @@ def create_gateway(
     instead of a mapping is a Gym root, every ``resources_servers/<name>/`` mounted at ``/<name>``. The result is an
     ordinary FastAPI app: add routes, middleware or more mounts to it. ``GET /`` lists the servers and their tools;
     ``GET /health`` is the gateway's liveness, ``GET /readyz`` its readiness (every mount ready), ``GET /metrics``
-    every mount's metrics. ``token``, ``max_body_bytes`` and ``max_json_depth`` are ``create_app``'s; the token
-    guards the gateway's own routes and every mount, liveness probes excepted. Folders whose ``requirements.txt``
-    this environment does not meet are refused when they clash with another folder's.
+    every mount's metrics. ``token``, ``max_body_bytes``, ``max_json_depth`` and ``masked_verdicts`` are
+    ``create_app``'s, for every mount; the token guards the gateway's own routes and every mount, liveness probes
+    excepted. Folders whose ``requirements.txt`` this environment does not meet are refused when they clash with
+    another folder's.
     """
     settings = AppSettings.of(
-        token=token, max_body_bytes=max_body_bytes, max_json_depth=max_json_depth, metrics=metrics
+        token=token,
+        max_body_bytes=max_body_bytes,
+        max_json_depth=max_json_depth,
+        metrics=metrics,
+        masked_verdicts=masked_verdicts,
     )
     return build_gateway(servers, settings, server_urls=server_urls)
 

@@ -9,7 +9,7 @@
 - ``GET /metrics``: the Prometheus exposition of the app's series (its mount's) and the process's (``_metrics``).
 - episode metrics and the open-episode count a drain waits for: a written server keeps its own (it has the methods
   of ``EpisodeSource``); any other server's sessions are followed from outside (``middleware.ownership``).
-- its gauges refreshed every second while it runs.
+- its gauges refreshed every second while it runs (for the workers that read each other's) and at every scrape.
 
 Under a gateway, the gateway says where each app is mounted before their lifespans start, so their series carry
 that mount, and the gateway's own ``/readyz`` and ``/metrics`` cover every mount.
@@ -144,9 +144,20 @@ async def readiness_endpoint(request: Request) -> Response:
 
 
 async def metrics_endpoint(request: Request) -> Response:
+    """The metrics as they are now: the gauges of this app (or of every mount of a gateway) are refreshed first, so
+    an episode that ended a moment ago is not still counted open."""
     operations = OPERATIONS.get(request.app)
+    own = [operations] if isinstance(operations, Operations) else []
+    for each in own if operations is not None else _mounts_operations(request.app):
+        with contextlib.suppress(Exception):  # a gauge is not worth a failed scrape
+            each.refresh_gauges()
     body = await asyncio.to_thread(render, operations.mount if operations is not None else None)
     return Response(body, media_type=CONTENT_TYPE)
+
+
+def _mounts_operations(app: Any) -> list[Operations]:
+    found = (OPERATIONS.get(child) for child in (MOUNTS.get(app) or {}).values())
+    return [operations for operations in found if isinstance(operations, Operations)]
 
 
 def _not_ready(app: Any) -> str | dict[str, str] | None:

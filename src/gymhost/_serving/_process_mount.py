@@ -30,7 +30,7 @@ from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
 
 from .._asgi import answer_json, path_below_mount
-from .._config import PARENT_PID_ENV_VAR, SECRET_ENV_VAR, TOKEN_ENV_VAR, ServeConfig
+from .._config import PARENT_PID_ENV_VAR, SECRET_ENV_VAR, TOKEN_ENV_VAR, MaskedVerdicts, ServeConfig
 from .._exceptions import GatewayError
 from .._hosting._operating import OPERATIONS
 from .._process._drain import drain
@@ -62,7 +62,7 @@ class _Status:
 
 
 def apart_in_own_venvs(
-    config: ServeConfig, server_urls: Mapping[str, str], *, workers: int = 1
+    config: ServeConfig, server_urls: Mapping[str, str], masked_verdicts: MaskedVerdicts, *, workers: int = 1
 ) -> Callable[[str, Path], Any]:
     """For ``build_gateway``'s ``apart``: a folder whose requirements this environment does not meet is served by a
     ``ProcessMount`` from a venv of its own (``gymhost serve ROOT --venv``); the others are built in the gateway.
@@ -81,7 +81,7 @@ def apart_in_own_venvs(
                 f"--workers {workers} cannot route yet. Serve this Gym root with one worker (and replicas behind a "
                 "load balancer, deploy/), or serve the folder alone: gymhost serve FOLDER --venv --workers N"
             )
-        return ProcessMount(folder, folder_venv(folder), prefix, config, server_urls)
+        return ProcessMount(folder, folder_venv(folder), prefix, config, server_urls, masked_verdicts)
 
     return apart
 
@@ -90,9 +90,16 @@ class ProcessMount:
     """The ASGI app a gateway mounts at ``prefix`` for a folder served by a process of its own (``python``)."""
 
     def __init__(
-        self, folder: Path, python: Path, prefix: str, config: ServeConfig, server_urls: Mapping[str, str]
+        self,
+        folder: Path,
+        python: Path,
+        prefix: str,
+        config: ServeConfig,
+        server_urls: Mapping[str, str],
+        masked_verdicts: MaskedVerdicts = "refuse",
     ) -> None:
         self.folder, self.python, self.prefix, self.config = folder, python, prefix, config
+        self.masked_verdicts = masked_verdicts  # the process applies the gateway's rule to its verdicts
         self.server_urls = dict(server_urls)
         self.status = _Status(prefix)
         self._process: asyncio.subprocess.Process | None = None
@@ -141,6 +148,7 @@ class ProcessMount:
         command += ["--root-path", self.prefix, "--log-level", self.config.log_level]
         command += ["--drain-timeout", str(self.config.drain_timeout)]
         command += ["--graceful-timeout", str(self.config.graceful_timeout)]
+        command += ["--masked-verdicts", self.masked_verdicts]
         for name, url in self.server_urls.items():
             command += ["--server-url", f"{name}={url}"]
         environment = {key: value for key, value in os.environ.items() if key != TOKEN_ENV_VAR}  # the gateway checks it

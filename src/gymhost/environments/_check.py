@@ -134,8 +134,8 @@ async def _play(
             for name, arguments in calls:
                 await episode.call_tool(name, arguments)
             return await episode.verify(row, final_text)
-        except httpx.HTTPStatusError as error:  # a seed the server refused (its 503 names the failure)
-            return _refused(error)
+        except httpx.HTTPStatusError as error:  # a seed the server refused (its 503 names the failure), or a masked
+            return _refused(error)  # verdict refused (middleware.masked_verdicts), which carries its verdict
 
 
 def _refused(error: httpx.HTTPStatusError) -> dict[str, Any]:
@@ -143,6 +143,9 @@ def _refused(error: httpx.HTTPStatusError) -> dict[str, Any]:
         body = error.response.json()
     except ValueError:
         body = None
+    if isinstance(body, dict) and isinstance(body.get("verdict"), dict) and body["verdict"].get("mask_sample"):
+        verdict: dict[str, Any] = body["verdict"]
+        return verdict
     if isinstance(body, dict) and "failure_kind" in body:
         kind, reason = str(body["failure_kind"]), str(body.get("detail"))
     else:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from .._nemo_gym import PROVIDER_UNAVAILABLE, SESSION_LOST
+from .._nemo_gym import CANCELLED, PROVIDER_UNAVAILABLE, SESSION_EXPIRED, SESSION_LOST, SHUTDOWN
 from ._errors import (
     DataPlaneError,
     EnvAtCapacityError,
@@ -45,17 +45,13 @@ __all__ = [
     "Verdict",
     "breaks_instance",
     "classify",
-    "refusal_status",
 ]
 
 NO_INSTANCE = PROVIDER_UNAVAILABLE
 UNREACHABLE = "transport_unreachable"
 PEER_DROP = "transport_peer_drop"
 TIMEOUT = "transport_timeout"
-SESSION_EXPIRED = "session_expired"
-CANCELLED = "cancelled"
 VERIFIER_ERROR = "verifier_error"
-SHUTDOWN = "shutdown"
 DATA_PLANE_ERROR = "agentenv:data_plane_error"
 MALFORMED_REPLY = "agentenv:malformed_reply"
 INTERNAL_ERROR = "agentenv:internal_error"
@@ -83,20 +79,6 @@ class Verdict:
     @classmethod
     def masked(cls, task_id: str | None, failure: Failure) -> Verdict:
         return cls(task_id, 0.0, [], failure)
-
-
-# Where a verify answer cannot carry ``mask_sample`` (nemo-gym 0.4.0), a masked verdict is an HTTP error whose
-# status says what was lost: the episode itself (410, as Gym's session routing answers a session whose owner is gone),
-# the service for now (503), or the environment behind it (502).
-_GONE = frozenset({SESSION_LOST, SESSION_EXPIRED, CANCELLED})
-_UNAVAILABLE = frozenset({NO_INSTANCE, SHUTDOWN})
-
-
-def refusal_status(failure: Failure) -> int:
-    """The status of a masked verdict refused rather than answered (``_nemo_gym.verdicts_carry_mask``)."""
-    if failure.kind in _GONE:
-        return 410
-    return 503 if failure.kind in _UNAVAILABLE else 502
 
 
 def breaks_instance(failure: Failure | None) -> bool:

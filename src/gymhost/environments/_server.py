@@ -21,14 +21,15 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from nemo_gym import base_resources_server as gym
 from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from starlette.middleware import Middleware
 
 from .._exceptions import FolderError
 from .._hosting._lifespan import wrap_lifespan
-from .._nemo_gym import verdicts_carry_mask
+from ..middleware.masked_verdicts import VERDICT_FIELDS, MaskedVerdictsMiddleware, launcher_mode
 from ._backend import ServerFolder
 from ._episodes import Episodes
 from ._errors import EpisodeStateError, SessionConflictError, UnknownTaskError
-from ._outcomes import Verdict, refusal_status
+from ._outcomes import Verdict
 from ._pool import Pool
 from ._registry import backend_of
 from ._settings import EpisodeFields, EpisodeSettings, PoolFields, PoolSettings, SourceConfig
@@ -38,7 +39,6 @@ __all__ = ["AgentEnvResourcesServer", "AgentEnvResourcesServerConfig"]
 
 # nemo-gym 0.5+ has the Environment Server session contract; 0.4.0 knows only the cookie flow.
 _RESOURCES_FLOW = hasattr(gym, "ResourcesSeedSessionRequest")
-_MASKABLE = verdicts_carry_mask()
 
 
 class AgentEnvResourcesServerConfig(gym.BaseResourcesServerConfig, PoolFields, EpisodeFields):  # type: ignore[misc]
@@ -121,6 +121,8 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         folder = ServerFolder(self._path, self._tasks, self.config.environment, type(self).__name__)
         launcher = backend.launcher(self.config.source, folder)
         app: FastAPI = super().setup_webserver()
+        if launcher_mode() == "refuse":  # under Gym's launcher; gymhost's own hosting places the layer itself
+            app.user_middleware.append(Middleware(MaskedVerdictsMiddleware))  # innermost: below the rollout paths
         if not _RESOURCES_FLOW:
             app.post("/close_session")(self.close_resources_session)
         app.get("/agentenv/pool", summary="The environment instances and open episodes")(self.pool_status)
@@ -182,20 +184,13 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             detail: dict[str, Any] = {"detail": str(error)}
             if isinstance(error.verdict, Verdict):
                 detail["verdict"] = _verify_response(body, error.verdict).model_dump(
-                    mode="json", include=set(_ANSWER_FIELDS)
+                    mode="json", include=set(VERDICT_FIELDS)
                 )
             return JSONResponse(detail, status_code=409)
-        answer = _verify_response(body, verdict)
-        if verdict.failure is not None and not _MASKABLE:
-            # nemo-gym 0.4.0's clients train on the reward of every 200: a masked verdict is refused instead.
-            detail = {
-                "detail": f"no reward: the episode was masked ({verdict.failure.kind}): {verdict.failure.reason}",
-                "failure_kind": verdict.failure.kind,
-                "verdict": answer.model_dump(mode="json", include=set(_ANSWER_FIELDS)),
-            }
-            return JSONResponse(detail, status_code=refusal_status(verdict.failure))
-        # pydantic writes what JSON cannot carry (an infinite float the row brought) as null; json.dumps would raise.
-        return Response(answer.model_dump_json(), media_type="application/json")
+        # Masked or not, the verdict is answered as a 200 here; middleware.masked_verdicts applies the rule for how a
+        # masked one reaches the client. pydantic writes what JSON cannot carry (an infinite float the row brought)
+        # as null; json.dumps would raise.
+        return Response(_verify_response(body, verdict).model_dump_json(), media_type="application/json")
 
     async def close_resources_session(self, request: Request, body: CloseBody) -> Response:
         if _RESOURCES_FLOW and isinstance(body, gym.ResourcesCloseSessionRequest):
@@ -323,11 +318,8 @@ def _final_text(response: Any) -> str:
     return ""
 
 
-_ANSWER_FIELDS = ("reward", "mask_sample", "failure_kind", "failure_reason", "criteria")
-
-
 def _verify_response(body: AgentEnvVerifyRequest, verdict: Verdict) -> AgentEnvVerifyResponse:
-    fields = {key: value for key, value in body.model_dump().items() if key not in _ANSWER_FIELDS}
+    fields = {key: value for key, value in body.model_dump().items() if key not in VERDICT_FIELDS}
     fields["task_id"] = body.task_id or verdict.task_id
     return AgentEnvVerifyResponse(
         **fields,

@@ -324,6 +324,11 @@ gymhost serve resources_servers/{name} --port 8000      # or: cd resources_serve
 GYMHOST_FOLDER=resources_servers/{name} uvicorn gymhost.asgi:app --port 8000
 ```
 
+An episode the environment or the infrastructure lost gets a masked verdict (`mask_sample: true`), never a score.
+Served by gymhost it is refused with an HTTP error by default, which verifiers fails the rollout on (it never reads
+`mask_sample`); `--masked-verdicts answer` answers it as a 200 instead, for clients that read `mask_sample` (Gym
+0.5+'s rollout collection). Under Gym's own launcher it is answered on nemo-gym 0.5+ and refused on 0.4.0.
+
 ## Under Gym's launcher
 
 `configs/{name}.yaml` has the resources server and a simple agent; on nemo-gym 0.7.0,

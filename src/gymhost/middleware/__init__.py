@@ -8,6 +8,7 @@ from __future__ import annotations
 from .auth import LIVENESS_PATHS, BearerTokenMiddleware
 from .disconnect import DisconnectCancellationMiddleware
 from .gym_errors import GymErrorsMiddleware
+from .masked_verdicts import MaskedVerdictsMiddleware
 from .request_guard import RequestGuardMiddleware
 from .sessions import GymSessionMiddleware
 from .stack import middleware_stack
@@ -18,6 +19,7 @@ __all__ = [
     "DisconnectCancellationMiddleware",
     "GymErrorsMiddleware",
     "GymSessionMiddleware",
+    "MaskedVerdictsMiddleware",
     "RequestGuardMiddleware",
     "middleware_stack",
 ]

@@ -11,7 +11,7 @@ convention of Gym's own session routing (a session whose owner is gone is 410):
 - a seed (``/seed_session``, or a Gymnasium-style ``/reset``) starts a new episode here, in a new session (a sibling
   worker's session still goes to it);
 - ``/verify`` answers a masked verdict (``mask_sample: true``, ``failure_kind: session_lost``, the owner named in
-  ``failure_reason``) where the nemo-gym version has those fields, and 410 naming the owner where it has not (0.4.0);
+  ``failure_reason``), which ``masked_verdicts`` refuses (410) unless the app answers masked verdicts;
 - any other POST of the session (a tool call, ``/close_session``, an MCP call with another process's token): 410,
   naming the owner.
 
@@ -35,12 +35,12 @@ from .._nemo_gym import SESSION_LOST
 from .._process._forwarding import Forwarded, forward, may_forward
 from .._process._identity import OWNER_KEY, process_state
 from .._process._signing import TOKEN_HEADER, token_owner
+from .masked_verdicts import VERDICT_FIELDS
 from .sessions import SESSION_ID_KEY
 
 __all__ = ["SessionOwnershipMiddleware"]
 
 _SESSION_FREE = frozenset({"/aggregate_metrics"})  # POST routes that need no session
-_ANSWER_FIELDS = ("reward", "mask_sample", "failure_kind", "failure_reason")
 _TOKEN_HEADER = TOKEN_HEADER.encode()
 
 
@@ -51,13 +51,11 @@ class SessionOwnershipMiddleware:
         *,
         server_key: str,
         starts: Collection[str],
-        masked_verdicts: bool,
         metrics: EpisodeMetrics,
     ) -> None:
         self.app = app
         self.server_key = server_key
         self.starts = frozenset(starts)  # the POST paths that start an episode
-        self.masked_verdicts = masked_verdicts
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -112,7 +110,7 @@ class SessionOwnershipMiddleware:
         await answer_json(scope, receive, send, 503, {"detail": detail, "owner": owner}, {"Retry-After": "1"})
 
     async def _lost(self, scope: Scope, receive: Receive, send: Send, path: str, owner: Any) -> None:
-        if path != "/verify" or not self.masked_verdicts:
+        if path != "/verify":
             await self._gone(scope, receive, send, owner)
             return
         body = BODY.pop(scope)
@@ -122,7 +120,9 @@ class SessionOwnershipMiddleware:
             request = json.loads(body) if body else {}
         except ValueError:
             request = {}
-        fields = {key: value for key, value in request.items() if key not in _ANSWER_FIELDS}
+        if not isinstance(request, dict):
+            request = {}
+        fields = {key: value for key, value in request.items() if key not in VERDICT_FIELDS}
         reason = f"this session belongs to {process_state.describe(owner)}; its episode cannot be verified here"
         verdict = {**fields, "reward": 0.0, "mask_sample": True, "failure_kind": SESSION_LOST, "failure_reason": reason}
         self.metrics.ended("masked", SESSION_LOST)

@@ -25,6 +25,7 @@ from .auth import LIVENESS_PATHS, BearerTokenMiddleware
 from .disconnect import DisconnectCancellationMiddleware
 from .draining import DrainingMiddleware
 from .gym_errors import GymErrorsMiddleware
+from .masked_verdicts import MaskedVerdictsMiddleware
 from .metrics import HttpMetricsMiddleware
 from .ownership import SessionOwnershipMiddleware
 from .request_guard import RequestGuardMiddleware
@@ -40,7 +41,6 @@ class EpisodeLayers:
     """What the episode layers (draining, ownership, tracking) need of the app ``create_app`` builds."""
 
     starts: frozenset[str]  # the POST paths that start an episode: Gym's /seed_session, a Gymnasium-style /reset
-    masked_verdicts: bool  # whether this nemo-gym's verify answer has mask_sample (0.5+)
     metrics: EpisodeMetrics
     tracker: SessionTracker | None  # None: the server counts its own episodes (a written one)
 
@@ -66,7 +66,9 @@ def middleware_stack(
     6. Middlewares the server's own ``setup_webserver`` added, in their order (Gym's examples add none).
     7. ``GymSessionMiddleware``, for Gym's ``SessionMiddleware`` and ``add_session_id`` pair: next to the routes, as
        in Gym; its cookie is scoped to the mount, signed with the process secret and stamped with its owner.
-    8. The episode layers, below the session they read: ``DrainingMiddleware`` (a draining process takes no new
+    8. The episode layers, below the session they read: ``MaskedVerdictsMiddleware``, unless
+       ``settings.masked_verdicts`` is ``answer`` (a masked verdict, the server's own or one the layers below give, is
+       refused with an HTTP error, never answered as a score), ``DrainingMiddleware`` (a draining process takes no new
        episode), ``SessionOwnershipMiddleware`` (another process's session never reaches a route: it goes to its
        owner, or is answered as lost) and, innermost, ``EpisodeTrackingMiddleware`` (the episodes it sees begin and
        end, for the metrics and the drain).
@@ -90,15 +92,11 @@ def middleware_stack(
     stack += layers.get("own", [])
     if "sessions" in layers:
         stack.append(Middleware(GymSessionMiddleware, cookie_name=server_key))
+    if settings.masked_verdicts == "refuse":
+        stack.append(Middleware(MaskedVerdictsMiddleware, metrics=episodes.metrics))
     stack += [
         Middleware(DrainingMiddleware, starts=episodes.starts),
-        Middleware(
-            SessionOwnershipMiddleware,
-            server_key=server_key,
-            starts=episodes.starts,
-            masked_verdicts=episodes.masked_verdicts,
-            metrics=episodes.metrics,
-        ),
+        Middleware(SessionOwnershipMiddleware, server_key=server_key, starts=episodes.starts, metrics=episodes.metrics),
         Middleware(
             EpisodeTrackingMiddleware, starts=episodes.starts, metrics=episodes.metrics, tracker=episodes.tracker
         ),
@@ -142,6 +140,8 @@ def _role(middleware: Middleware) -> str:
     name = getattr(factory, "__name__", "")
     if factory is StarletteSessionMiddleware:
         return "sessions"
+    if factory is MaskedVerdictsMiddleware:
+        return "drop"  # a written server's own, for Gym's launcher: gymhost places its own, as its settings say
     if factory is BaseHTTPMiddleware:
         dispatch = getattr(middleware.kwargs.get("dispatch"), "__name__", "")
         if dispatch == "add_session_id":
