@@ -1,9 +1,12 @@
-# make test: bootstrap every venv this project needs, then ruff, mypy and every test tier.
-# make demo: write the gridsim bundle as a Gym server, serve it, play its rows like verifiers, print rewards, stop.
+# make test: bootstrap every venv this project needs, then ruff, mypy, the docs build and every test tier.
+# make demo: write the gridsim bundle as a Gym server, serve it, play its rows like verifiers, print rewards, stop
+#            (in .venv-demo: Python 3.12, gymhost and nemo-gym 0.4.0 only, built on first use).
+# make docs: the documentation site (MkDocs), built strict into site/.
 # make bench: the benchmarks (benchmarks/README.md).
 #
 # Three venvs, because the tiers cannot share one:
-#   .venv        Python 3.12, gymhost without nemo-gym or omegaconf: proves the base install works alone.
+#   .venv        Python 3.12, gymhost without nemo-gym or omegaconf (with the dev and docs tools): proves the base
+#                install works alone, and builds the docs.
 #   .venv-gym04  Python 3.12, nemo-gym 0.4.0 (the version verifiers pins).
 #   .venv-gym07  Python 3.13, nemo-gym 0.7.0. nemo-gym >= 0.5 declares Requires-Python >= 3.13.14 and these
 #                machines have 3.13.0, so it is installed with --ignore-requires-python (it runs fine).
@@ -27,23 +30,25 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test lint typecheck test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers clean check-pythons
+.PHONY: test lint typecheck docs test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers clean check-pythons check-py312 check-py313
 
-check-pythons:
+check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
+check-py313:
 	@test -n "$(PY313)" || { echo "make: python3.13 not found (set PY313=/path/to/python3.13)"; exit 1; }
+check-pythons: check-py312 check-py313
 
-.venv/.installed: pyproject.toml | check-pythons
+.venv/.installed: pyproject.toml | check-py312
 	rm -rf .venv && $(PY312) -m venv .venv
-	.venv/bin/pip install -q -e '.[dev]' $(PIP_QUIET)
+	.venv/bin/pip install -q -e '.[dev,docs]' $(PIP_QUIET)
 	touch $@
 
-.venv-gym04/.installed: pyproject.toml | check-pythons
+.venv-gym04/.installed: pyproject.toml | check-py312
 	rm -rf .venv-gym04 && $(PY312) -m venv .venv-gym04
 	.venv-gym04/bin/pip install -q -e '.[dev,nemo-gym]' nemo-gym==$(GYM04) $(PIP_QUIET)
 	touch $@
 
-.venv-gym07/.installed: pyproject.toml | check-pythons
+.venv-gym07/.installed: pyproject.toml | check-py313
 	rm -rf .venv-gym07 && $(PY313) -m venv .venv-gym07
 	.venv-gym07/bin/pip install -q --ignore-requires-python -e '.[dev,nemo-gym]' nemo-gym==$(GYM07) $(PIP_QUIET)
 	touch $@
@@ -52,25 +57,29 @@ lint: .venv/.installed
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
 
+# The documentation site (MkDocs, Material theme), built offline; --strict fails on a broken link or a page left out.
+docs: .venv/.installed
+	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir site
+
 # mypy runs where nemo-gym is installed, so the modules that use it are checked against it.
 typecheck: .venv-gym04/.installed
 	.venv-gym04/bin/mypy
 
-.venv-openenv/.installed: examples/openenv_sums/requirements.txt | check-pythons
+.venv-openenv/.installed: examples/openenv_sums/requirements.txt | check-py312
 	rm -rf .venv-openenv && $(PY312) -m venv .venv-openenv
 	.venv-openenv/bin/pip install -q -r examples/openenv_sums/requirements.txt $(PIP_QUIET)
 	touch $@
 
 OPENENV := GYMHOST_OPENENV_PYTHON=$(CURDIR)/.venv-openenv/bin/python
 
-.venv-agentenv/.installed: examples/agent_env_quiz/requirements.txt | check-pythons
+.venv-agentenv/.installed: examples/agent_env_quiz/requirements.txt | check-py312
 	rm -rf .venv-agentenv && $(PY312) -m venv .venv-agentenv
 	.venv-agentenv/bin/pip install -q -r examples/agent_env_quiz/requirements.txt $(PIP_QUIET)
 	touch $@
 
 AGENTENV := GYMHOST_AGENT_ENV_PYTHON=$(CURDIR)/.venv-agentenv/bin/python
 
-.venv-verifiers/.installed: tests/verifiers-requirements.txt | check-pythons
+.venv-verifiers/.installed: tests/verifiers-requirements.txt | check-py312
 	rm -rf .venv-verifiers && $(PY312) -m venv .venv-verifiers
 	.venv-verifiers/bin/pip install -q -r tests/verifiers-requirements.txt $(PIP_QUIET)
 	touch $@
@@ -110,15 +119,22 @@ test-cluster: .venv-gym07/.installed
 	@command -v ip >/dev/null || { apt-get update -q >/dev/null; apt-get install -y -q iproute2 >/dev/null; }
 	.venv-gym07/bin/pytest -m cluster
 
-test: lint typecheck test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers
+test: lint typecheck docs test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers
 
 # The task format's JSON Schema is generated from its models; a unit test keeps the committed file current.
 schema: .venv/.installed
 	.venv/bin/python -c 'import json, gymhost.environments as a; print(json.dumps(a.task_schema(), indent=2))' \
 		> src/gymhost/environments/task.schema.json
 
-demo: .venv-gym04/.installed
-	.venv-gym04/bin/python examples/demo.py
+# The demo needs gymhost and nemo-gym only: a venv of its own, on Python 3.12, without the development tools.
+.venv-demo/.installed: pyproject.toml | check-py312
+	@echo "make demo: building .venv-demo (gymhost and nemo-gym $(GYM04), Python 3.12: a minute or two, once)"
+	rm -rf .venv-demo && $(PY312) -m venv .venv-demo
+	.venv-demo/bin/pip install -q -e '.[nemo-gym]' nemo-gym==$(GYM04) $(PIP_QUIET)
+	touch $@
+
+demo: .venv-demo/.installed
+	.venv-demo/bin/python examples/demo.py
 
 # Benchmarks use nemo-gym 0.7.0 (the current release) and wrk (Debian package) as the load generator.
 bench: .venv-gym07/.installed .venv-openenv/.installed
@@ -140,4 +156,4 @@ bench-workers: .venv-gym07/.installed
 	cd benchmarks && ../.venv-gym07/bin/python run.py --only workers
 
 clean:
-	rm -rf .venv .venv-gym04 .venv-gym07 .venv-openenv .venv-agentenv .venv-verifiers .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .venv-gym04 .venv-gym07 .venv-openenv .venv-agentenv .venv-verifiers .venv-demo site .pytest_cache .mypy_cache .ruff_cache

@@ -47,14 +47,30 @@ def test_serve_without_nemo_gym_prints_the_install_hint(without_nemo_gym: None, 
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "Error: nemo_gym is not installed; gymhost needs it to build resources servers: pip install 'gymhost[nemo-gym]'"
+        "Error: nemo_gym is not installed; gymhost needs it to build resources servers: pip install nemo-gym "
+        "omegaconf (or install gymhost with its extra: pip install '.[nemo-gym]' in a checkout, or "
+        "pip install 'gymhost-VERSION-py3-none-any.whl[nemo-gym]' from a wheel)"
     ]
     assert "Traceback" not in result.stderr
 
 
 def test_create_app_without_nemo_gym_raises_the_install_hint(without_nemo_gym: None) -> None:
-    with pytest.raises(gymhost.NemoGymNotInstalledError, match=r"pip install 'gymhost\[nemo-gym\]'"):
+    with pytest.raises(gymhost.NemoGymNotInstalledError, match=r"pip install nemo-gym omegaconf \(or install gymhost"):
         gymhost.create_app(REPO)
+
+
+def test_a_bare_name_without_nemo_gym_gets_the_install_hint(without_nemo_gym: None) -> None:
+    result = CliRunner().invoke(main, ["serve", "example_single_tool_call"])
+    assert result.exit_code == 1
+    assert result.output.startswith(
+        "Error: nemo_gym (to serve the installed Gym server 'example_single_tool_call') is not installed"
+    )
+
+
+def test_list_and_serve_say_what_they_take() -> None:
+    assert "FOLDER_OR_NAME..." in CliRunner().invoke(main, ["serve", "--help"]).output
+    listed = " ".join(CliRunner().invoke(main, ["list", "--help"]).output.split())
+    assert "The Gym servers nemo-gym installed (or those of a Gym ROOT)" in listed
 
 
 def test_server_url_must_be_name_equals_url() -> None:

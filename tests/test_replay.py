@@ -214,10 +214,11 @@ def _command_line(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
 
 
-def test_the_readme_table_is_the_manifests() -> None:
-    """README's table of what Gym's published folders need, per version, with how many replay right: this tier's."""
+def test_the_docs_table_is_the_manifests() -> None:
+    """The serving page's table of what Gym's published folders need, per version: this tier's manifests."""
     table = readme_table()
-    assert table in (REPO / "README.md").read_text(), f"README's replay table is out of date; it is now:\n{table}"
+    page = (REPO / "docs" / "serving.md").read_text()
+    assert table in page, f"docs/serving.md's table is out of date; it is now:\n{table}"
 
 
 def readme_table() -> str:

@@ -6,7 +6,7 @@ The public API is assembled here; every other module is an implementation detail
 from __future__ import annotations
 
 from ._client import EpisodeClient, ToolOutput, Transcript
-from ._config import NO_TOKEN
+from ._config import NO_TOKEN, AppSettings, ServeConfig
 from ._exceptions import (
     FolderError,
     GatewayError,
@@ -20,17 +20,21 @@ from ._exceptions import (
 from ._hosting._app import HostedServer, create_app
 from ._hosting._gateway import create_gateway, mounted_lifespan
 from ._hosting._loading import load_app
+from ._serving._server import Server
 from ._version import __version__
 
 __all__ = [
     "NO_TOKEN",
+    "AppSettings",
     "EpisodeClient",
     "FolderError",
     "GatewayError",
     "GymhostError",
     "HostedServer",
     "NemoGymNotInstalledError",
+    "ServeConfig",
     "ServeError",
+    "Server",
     "ServerClassError",
     "ToolOutput",
     "Transcript",

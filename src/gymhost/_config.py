@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass
-from typing import Final, Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
 
 from ._exceptions import ServeError
 
@@ -131,8 +132,28 @@ class AppSettings:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """How ``gymhost serve`` runs an app; kept apart from running it, as uvicorn keeps ``Config`` from ``Server``."""
+    """What ``gymhost serve`` serves and how: every option of the command a field, kept apart from running it
+    (``gymhost.Server``), as uvicorn keeps ``Config`` from ``Server``."""
 
+    # What to serve (``_hosting._targets``): folders, a Gym root, or installed Gym servers by name; ``only`` picks
+    # servers of a root.
+    paths: tuple[str, ...] = ()
+    only: tuple[str, ...] = ()
+    # One server's config: its runtime name, the top-level key of its configs, fields set over the config's values.
+    name: str | None = None
+    config_key: str | None = None
+    overrides: Mapping[str, Any] = field(default_factory=dict)
+    # Where the other Gym servers it calls by name (a judge, a policy model) listen.
+    server_urls: Mapping[str, str] = field(default_factory=dict)
+    # What its apps refuse and measure.
+    app: AppSettings = field(default_factory=AppSettings)
+    # A folder whose requirements.txt this environment does not meet is served from a venv of its own.
+    venv: bool = False
+    workers: int = 1
+    # This replica's name in the sessions it signs (default host:port), and where other replicas reach it.
+    replica_id: str | None = None
+    advertise_url: str | None = None
+    uds: str | None = None  # a Unix socket to listen on instead of host:port
     host: str = DEFAULT_HOST
     port: int = 8000
     server: ServerName = "uvicorn"

@@ -54,7 +54,9 @@ class NemoGymNotInstalledError(GymhostError, ImportError):
 
     def __init__(self, missing: str = "nemo_gym") -> None:
         super().__init__(
-            f"{missing} is not installed; gymhost needs it to build resources servers: pip install 'gymhost[nemo-gym]'"
+            f"{missing} is not installed; gymhost needs it to build resources servers: pip install nemo-gym omegaconf "
+            "(or install gymhost with its extra: pip install '.[nemo-gym]' in a checkout, or "
+            "pip install 'gymhost-VERSION-py3-none-any.whl[nemo-gym]' from a wheel)"
         )
 
 

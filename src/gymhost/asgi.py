@@ -1,6 +1,7 @@
 """A module-level ``app`` for ASGI servers that import apps by name.
 
-``GYMHOST_FOLDER=path/to/folder uvicorn gymhost.asgi:app`` (or ``hypercorn gymhost.asgi:app``). The repository's
+``GYMHOST_FOLDER=path/to/folder uvicorn gymhost.asgi:app`` (or ``hypercorn gymhost.asgi:app``); the folder may also
+be a Gym root or the name of an installed Gym server, as for ``gymhost serve``. The repository's
 top-level ``asgi.py`` re-exports this, for ``uvicorn asgi:app`` from a checkout. The folder is loaded as
 ``gymhost serve`` loads it (``_loading.load_app``): a Gym root (a folder holding ``resources_servers/<name>/``)
 gives a gateway with every server at ``/<name>/``.
@@ -17,6 +18,7 @@ import os
 from ._config import FOLDER_ENV_VAR, SECRET_ENV_VAR
 from ._exceptions import GymhostError
 from ._hosting._loading import enter_folder, load_app
+from ._hosting._targets import resolve_targets
 from ._serving._run import freeze_imported_heap
 
 __all__ = ["ENV_VAR", "app"]
@@ -32,7 +34,10 @@ def _app_from_environment() -> object:
             f"e.g. {ENV_VAR}=path/to/resources_servers/my_server uvicorn asgi:app"
         )
     try:
-        return load_app(enter_folder(folder))
+        target = resolve_targets([folder])  # a folder, a Gym root, or an installed Gym server's name
+        if target.folder is not None:
+            enter_folder(target.folder)
+        return load_app(target.served)
     except GymhostError as error:
         raise SystemExit(f"gymhost: {ENV_VAR}={folder}: {error}") from None
 

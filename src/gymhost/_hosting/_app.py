@@ -124,8 +124,9 @@ def _build(
     from .._process._signing import secret_mcp_tokens, signing_mcp_tokens_with_secret
     from ..middleware.stack import EpisodeLayers, install_middleware
     from ._entrypoint import find_server_class, import_entrypoint
+    from ._folder import referenced_servers
     from ._operating import operate
-    from ._server_client import build_server_client, own_aiohttp_client, referenced_servers, seed_global_config
+    from ._server_client import build_server_client, own_aiohttp_client, seed_global_config
     from ._validation_errors import install_validation_errors
 
     server_class = find_server_class(spec, import_entrypoint(spec))
@@ -165,7 +166,8 @@ def _build(
     unmapped = sorted(set(referenced_servers(spec.block)) - set(urls))
     if unmapped:
         logger.warning(
-            "%s refers to Gym servers with no URL: %s; calls to them will fail until mapped with server_urls",
+            "%s refers to Gym servers with no URL: %s; calls to them will fail until each is mapped "
+            "(gymhost serve --server-url NAME=URL, or server_urls= in Python)",
             spec.where(),
             ", ".join(unmapped),
         )

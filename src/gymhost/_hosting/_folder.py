@@ -16,17 +16,19 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .._exceptions import FolderError
 
-__all__ = ["ENV_YAML", "ServerSpec", "find_env_yaml", "load_server_spec"]
+__all__ = ["ENV_YAML", "ServerSpec", "existing_folder", "find_env_yaml", "load_server_spec", "referenced_servers"]
 
 _RESOURCES_SERVERS = "resources_servers"
 ENV_YAML = "env.yaml"
+# Gym's config refers to another server as {type: <server type>, name: <top-level key>}.
+_SERVER_TYPES = {"responses_api_models", "resources_servers", "responses_api_agents", "environment_servers"}
 _EXTRA_ROOTS_ENV_VAR = "NEMO_GYM_EXTRA_ROOTS"  # nemo-gym's own variable: os.pathsep-separated search roots
 
 
@@ -64,7 +66,7 @@ def load_server_spec(
     into the block, above both, before interpolations are resolved: a value a deployment keeps in ``env.yaml``
     (``${judge_api_key}``) can also be given here.
     """
-    root = _existing_folder(folder)
+    root = existing_folder(folder)
     configs = _config_files(root)
     env_yaml = find_env_yaml(root)
     env_values = _env_values(env_yaml) if env_yaml is not None else None
@@ -150,7 +152,7 @@ def _merged(config: Any, env_values: Mapping[str, Any]) -> Any:
     return OmegaConf.merge(config, dict(env_values))
 
 
-def _existing_folder(folder: str | Path) -> Path:
+def existing_folder(folder: str | Path) -> Path:
     path = Path(folder).expanduser()
     if not path.exists():
         raise FolderError(f"{path}: no such folder; expected a resources-server folder with app.py and configs/")
@@ -242,3 +244,19 @@ def _resolve_block(
         ) from error
     assert isinstance(resolved, dict)
     return {str(k): v for k, v in resolved.items()}
+
+
+def referenced_servers(block: Mapping[str, Any]) -> dict[str, str]:
+    """``{name: type}`` of every ``{type, name}`` server reference in a config block, at any depth."""
+    return dict(_walk_refs(block))
+
+
+def _walk_refs(value: Any) -> Iterator[tuple[str, str]]:
+    if isinstance(value, Mapping):
+        if value.get("type") in _SERVER_TYPES and isinstance(value.get("name"), str):
+            yield value["name"], value["type"]
+        for child in value.values():
+            yield from _walk_refs(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from _walk_refs(child)

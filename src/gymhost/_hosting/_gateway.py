@@ -11,6 +11,7 @@ Each mounted app keeps its sessions to itself: its cookie's path is its prefix a
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -37,11 +38,12 @@ async def mounted_lifespan(app: Any) -> AsyncIterator[None]:
     lifespan starts; an app mounted later runs without its lifespan. To combine with a lifespan of your own,
     ``async with mounted_lifespan(app): ...`` inside it.
     """
+    outer = (MOUNT.get(app) or "").rstrip("/")  # where ``app`` is itself mounted, if it is
     async with AsyncExitStack() as stack:
         for route in app.router.routes:
             if isinstance(route, Mount) and has_lifespan(route.app):
                 child: Any = route.app
-                MOUNT.set(child, route.path)  # its metrics carry the mount (``_operating``)
+                MOUNT.set(child, outer + route.path)  # its metrics carry the whole prefix (``_operating``)
                 await stack.enter_async_context(running_lifespan(route.app))
         yield
 
@@ -157,17 +159,21 @@ def _times_itself(app: Any) -> bool:
 
 def _describe(prefix: str, app: Any) -> dict[str, Any]:
     hosted = HOSTED.get(app)
-    tools = sorted(
+    routed = {
         route.path.lstrip("/")
         for route in app.router.routes
         if "POST" in (getattr(route, "methods", None) or ())
         and route.path.count("/") == 1
         and "{" not in route.path  # a written server's catch-all that names its tools when called with another
         and route.path.lstrip("/") not in GYM_ROUTE_NAMES
-    )
+    }
+    # nemo-gym 0.4.0's MCP servers have no tool routes: their tools are the methods marked @gym_tool.
+    server_class = type(hosted.server) if hosted is not None else object
+    marked = {name for name, f in inspect.getmembers(server_class, inspect.isfunction) if getattr(f, "__gym_tool__", 0)}
     return {
         "prefix": prefix,
         "name": hosted.name if hosted is not None else None,
         "folder": str(hosted.spec.folder) if hosted is not None else None,
-        "tools": tools,
+        "tools": sorted(routed | marked),
+        "mcp": any(getattr(route, "path", None) == "/mcp" for route in app.router.routes),
     }

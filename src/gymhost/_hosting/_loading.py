@@ -33,7 +33,7 @@ def enter_folder(path: str | Path) -> Path:
 
 
 def load_app(
-    path: str | Path,
+    path: str | Path | Mapping[str, str | Path],
     settings: AppSettings | None = None,
     *,
     server_urls: Mapping[str, str] | None = None,
@@ -43,13 +43,14 @@ def load_app(
     **overrides: Any,
 ) -> Any:
     """A gateway when ``path`` is a Gym root (it holds ``resources_servers/<name>/``), with every server at
-    ``/<name>``; else the app of the one server in ``path``. ``settings``: what the app guards and measures (default:
+    ``/<name>``, or a mapping of prefixes to folders (``{"/gridsim": folder}``); else the app of the one server in
+    ``path``. ``settings``: what the app guards and measures (default:
     ``create_app``'s, the token from ``GYMHOST_TOKEN``). ``config_key`` and ``overrides`` name one server's config,
     so they are refused for a root. ``address``: the host and port the server listens on, which a single server is
     told (its config's ``host`` and ``port``). ``apart``: a root's folders it returns an app for are served by that
     app (``build_gateway``)."""
     settings = settings if settings is not None else AppSettings.of()
-    if is_gym_root(path):
+    if isinstance(path, Mapping) or is_gym_root(path):
         if config_key is not None or overrides:
             given = ", ".join(["config_key", *overrides] if config_key is not None else overrides)
             raise GatewayError(f"{path}: is a Gym root of several servers; {given} apply to one server's folder")

@@ -81,7 +81,10 @@ class Operations:
 
     def not_ready(self) -> str | None:
         if not self.started:
-            return "starting: the app's lifespan has not finished starting"
+            return (
+                "starting: the app's lifespan has not finished starting (mounted in an app of yours? that app runs "
+                "its mounts' lifespans with lifespan=gymhost.mounted_lifespan)"
+            )
         if drain.draining:
             return NOT_READY
         return self.source.gymhost_not_ready() if self.source is not None else None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,14 +29,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from pydantic import BaseModel, ConfigDict
 
 from .._exceptions import UnmappedServerError, UpstreamUnavailableError
-from ._folder import ServerSpec
+from ._folder import ServerSpec, referenced_servers
 from ._lifespan import wrap_lifespan
 
 __all__ = [
     "MappedServerClient",
     "build_server_client",
     "own_aiohttp_client",
-    "referenced_servers",
     "seed_global_config",
 ]
 
@@ -44,7 +43,6 @@ _CONNECT_ATTEMPTS = 3
 _RETRY_DELAY_S = 0.25
 _DEFAULT_SERVER_TYPE = "responses_api_models"
 # Gym's config refers to another server as {type: <server type>, name: <top-level key>}.
-_SERVER_TYPES = {"responses_api_models", "resources_servers", "responses_api_agents", "environment_servers"}
 # Where a Gym config would put its head server; nothing is ever sent there, but ServerClient requires one.
 _HEAD_SERVER = {"host": "127.0.0.1", "port": server_utils.DEFAULT_HEAD_SERVER_PORT}
 
@@ -120,22 +118,6 @@ def _peer_entries(spec: ServerSpec, server_urls: Mapping[str, str], known: Mappi
         else:
             entries[name] = {server_type: {name: address}}
     return entries
-
-
-def referenced_servers(block: Mapping[str, Any]) -> dict[str, str]:
-    """``{name: type}`` of every ``{type, name}`` server reference in a config block, at any depth."""
-    return dict(_walk_refs(block))
-
-
-def _walk_refs(value: Any) -> Iterator[tuple[str, str]]:
-    if isinstance(value, Mapping):
-        if value.get("type") in _SERVER_TYPES and isinstance(value.get("name"), str):
-            yield value["name"], value["type"]
-        for child in value.values():
-            yield from _walk_refs(child)
-    elif isinstance(value, list):
-        for child in value:
-            yield from _walk_refs(child)
 
 
 def seed_global_config(spec: ServerSpec, config: Any, server_urls: Mapping[str, str]) -> DictConfig:

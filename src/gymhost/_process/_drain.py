@@ -76,6 +76,9 @@ class Drain:
             logger.warning("the process that started this one is gone: stopping at once, without a drain")
             return
         open_now = self.open_episodes()
+        if not open_now:
+            logger.info("stopping: no episode is open")
+            return
         logger.warning(
             "draining: no new episodes; waiting up to %gs for %d open episode(s) to end (a second signal stops at "
             "once)",

@@ -236,7 +236,11 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
 
     def _running(self) -> Episodes:
         if self._episodes is None:
-            raise HTTPException(503, "the environment pool is not running (the app's lifespan has not started)")
+            raise HTTPException(
+                503,
+                "the environment pool is not running: the app's lifespan has not started (mounted in an app of "
+                "yours? that app runs its mounts' lifespans with lifespan=gymhost.mounted_lifespan)",
+            )
         return self._episodes
 
     def _register_tools(self, app: FastAPI, episodes: Episodes) -> None:

@@ -1,0 +1,184 @@
+"""``Server(config).run()``: the serve program, as ``gymhost serve`` runs it, for any caller.
+
+Everything that can fail is checked in the order a user can fix it, and before the slow part: what to serve
+(``_hosting._targets``: a typo is one line), whether this environment meets a single folder's requirements (else
+refused with the ``--venv`` hint, or served from its own venv), then the port (a busy port is one line, before
+nemo-gym is imported). Only then is the app built and served: the process's identity set (``process_state``), the
+open-files limit raised (said only where it matters: beyond loopback), the drain wired, one process or workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .._config import PARENT_PID_ENV_VAR, ServeConfig
+from .._exceptions import ServeError
+from .._hosting._targets import Target, resolve_targets
+from .._keys import MOUNT
+
+__all__ = ["Server"]
+
+logger = logging.getLogger("gymhost")
+
+
+def _is_loopback(host: str) -> bool:
+    from ._run import is_loopback
+
+    return is_loopback(host)
+
+
+def _print(line: str) -> None:
+    print(f"gymhost: {line}", file=sys.stderr if line.startswith("WARNING") else sys.stdout, flush=True)
+
+
+class Server:
+    """``say`` prints what the operator should know (default: a ``gymhost:`` line on stdout, warnings on stderr)."""
+
+    def __init__(self, config: ServeConfig, *, say: Callable[[str], None] = _print) -> None:
+        self.config = config
+        self.say = say
+
+    def run(self) -> None:
+        """Serve until SIGTERM or SIGINT (a first one drains, a second stops at once)."""
+        from .._process._identity import process_state
+
+        config = self.config
+        target = resolve_targets(config.paths, only=config.only)
+        if target.gateway and (config.name or config.config_key or config.overrides):
+            raise ServeError("--name, --config-key and --set apply to one server's folder, not to several")
+        if target.folder is not None:
+            self._check_requirements(target.folder)
+        parent = os.environ.pop(PARENT_PID_ENV_VAR, None)
+        if parent is not None:  # another gymhost process started this one (a gateway's process mount): die with it
+            process_state.follow_parent(int(parent))
+        workers_folder = self._prepare_workers(target)
+        if config.uds is None and config.app.token is None and not _is_loopback(config.host):
+            self.say(
+                f"WARNING: serving on {config.host} with no token: anyone who can reach this port can seed, play and "
+                "verify episodes and read the pool. Set GYMHOST_TOKEN (or --token), or serve on 127.0.0.1."
+            )
+        sock = self._bind()
+        try:
+            self._say_limits()
+            self._serve(target, sock, workers_folder)
+        finally:
+            sock.close()
+
+    # -- the checks, in the order they are made --------------------------------------------------------------------
+
+    def _check_requirements(self, folder: Path) -> None:
+        """A folder whose requirements this environment does not meet would start, answer ``/readyz``, then fail
+        every verify with ``ModuleNotFoundError``: it is refused now, or served from a venv of its own."""
+        from .._hosting._venvs import unmet_requirements
+
+        unmet = unmet_requirements(folder)
+        if not unmet:
+            if self.config.venv:
+                self.say(f"{folder.name}: its requirements.txt is met here; no venv of its own needed")
+            return
+        if not self.config.venv:
+            raise ServeError(
+                f"{folder.name}: its requirements.txt is not met here ({', '.join(unmet)}): serve it with --venv "
+                "(a venv of its own, built once, as Gym builds one), or install them here"
+            )
+        from .._hosting._venvs import folder_venv
+
+        python = folder_venv(folder)
+        arguments = [argument for argument in sys.argv[1:] if argument != "--venv"]
+        os.execv(python, [str(python), "-m", "gymhost", *arguments])  # this command, from the folder's venv
+
+    def _prepare_workers(self, target: Target) -> Path | None:
+        """Before anything imports prometheus_client's values: workers share their metrics through a folder, and so
+        do a gateway's process mounts."""
+        from .._metrics import share_metrics
+        from ._workers import prepare_workers
+
+        if self.config.workers > 1:
+            return prepare_workers()
+        if self.config.venv and target.gateway:
+            share_metrics(Path(tempfile.mkdtemp(prefix="gymhost-metrics-")))
+        return None
+
+    def _bind(self) -> socket.socket:
+        from ._run import bind_socket, bind_unix_socket
+
+        config = self.config
+        if config.uds is not None:
+            return bind_unix_socket(config.uds, config.backlog)
+        return bind_socket(config.host, config.port, config.backlog)
+
+    def _say_limits(self) -> None:
+        """The open-files limit is raised to the hard limit (the instances inherit it), as Gym's launcher raises it.
+        What limits a load, a hard limit too low for Gym's stated load or a listen queue the kernel caps, is said
+        where a load can reach the server, beyond loopback, with the fix; on loopback it is only logged (debug)."""
+        from ._accepting import backlog_warning, raise_open_files_limit
+        from ._run import is_loopback
+
+        said = [line for line in raise_open_files_limit() if line.startswith("WARNING")]
+        capped = backlog_warning(self.config.backlog)
+        reachable = self.config.uds is None and not is_loopback(self.config.host)
+        for line in [*said, *([capped] if capped else [])]:
+            if reachable:
+                self.say(line)
+            else:
+                logger.debug("%s", line)
+
+    # -- building and serving ----------------------------------------------------------------------------------------
+
+    def _serve(self, target: Target, sock: socket.socket, workers_folder: Path | None) -> None:
+        from .._hosting._loading import enter_folder, load_app
+        from .._nemo_gym import require_nemo_gym
+        from .._process._identity import process_state
+        from ._process_mount import apart_in_own_venvs
+        from ._run import run_app, url_of
+        from ._workers import serve_workers
+
+        config = self.config
+        require_nemo_gym()
+        process_state.configure(
+            replica=config.replica_id,
+            port=sock.getsockname()[1] if config.uds is None else None,
+            advertise_url=config.advertise_url,
+        )
+        if target.folder is not None:
+            enter_folder(target.folder)  # as Gym's launcher runs a server: in its folder
+        overrides: dict[str, Any] = dict(config.overrides)
+        if config.name is not None:
+            overrides["name"] = config.name
+        apart = (
+            apart_in_own_venvs(config, config.server_urls, config.app.masked_verdicts, workers=config.workers)
+            if config.venv
+            else None
+        )
+        app = load_app(
+            target.served,
+            config.app,
+            server_urls=config.server_urls,
+            config_key=config.config_key,
+            address=sock.getsockname()[:2] if config.uds is None else None,
+            apart=apart,
+            **overrides,
+        )
+        if config.root_path:
+            MOUNT.set(app, config.root_path)  # its metrics carry the prefix it is served under
+        self.say(f"serving {target.name} at {url_of(sock)}{self._mounts(target, app)}")
+        if workers_folder is not None:
+            self.say(f"{config.workers} workers")
+            serve_workers(app, sock, config, config.workers, workers_folder, run_app)
+        else:
+            run_app(app, sock, config)
+
+    @staticmethod
+    def _mounts(target: Target, app: Any) -> str:
+        if not target.gateway:
+            return ""
+        from starlette.routing import Mount
+
+        return f" (servers: {', '.join(route.path for route in app.router.routes if isinstance(route, Mount))})"

@@ -1,0 +1,52 @@
+"""``gymhost check``: a written folder's rows played with their reference solutions and with empty attempts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ._common import one_line_errors
+
+__all__ = ["check"]
+
+
+@click.command()
+@click.argument("folder", type=click.Path(path_type=str))
+@click.option(
+    "--solutions",
+    "solutions_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Reference solutions for tasks that carry none: JSON Lines of {task_id, split?, tool_calls, final_text}.",
+)
+@click.option("--allow-unchecked", is_flag=True, help="Pass even when no row has a reference solution to check.")
+def check(folder: str, solutions_file: Path | None, allow_unchecked: bool) -> None:
+    """Play every row of a written FOLDER with its reference solution and with an empty attempt.
+
+    Exits non-zero when a reference solution does not score 1.0 or an empty attempt does, and when no row has a
+    reference solution at all (then nothing but the empty attempts was checked), unless --allow-unchecked.
+    """
+    from .._nemo_gym import require_nemo_gym
+
+    with one_line_errors():
+        require_nemo_gym()
+        from ..environments._check import check_folder, format_report, load_solutions
+
+        checks = check_folder(folder, load_solutions(solutions_file) if solutions_file else None)
+    click.echo(format_report(checks))
+    failed = [c for c in checks if c.problems]
+    if failed:
+        raise click.ClickException(f"{len(failed)} of {len(checks)} rows failed the check")
+    checked = [c for c in checks if c.reference is not None]
+    if not checked and not allow_unchecked:
+        raise click.ClickException(
+            f"none of the {len(checks)} rows has a reference solution: give them with --solutions FILE, or pass "
+            "--allow-unchecked to accept a check of empty attempts only"
+        )
+    if len(checked) == len(checks):
+        click.echo(f"all {len(checks)} rows pass: every reference solution scores 1.0 and no empty attempt does")
+    else:
+        click.echo(
+            f"{len(checked)} of {len(checks)} rows checked against a reference solution, all pass; no empty attempt "
+            "scores 1.0"
+        )

@@ -1,0 +1,48 @@
+"""What the commands share: ``NAME=VALUE`` options, and gymhost's errors as one line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from .._exceptions import GymhostError, NemoGymNotInstalledError
+
+__all__ = ["key_values", "one_line_errors", "overrides"]
+
+
+def key_values(option: str, values: tuple[str, ...]) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, sep, rest = value.partition("=")
+        if not sep or not key or not rest:
+            raise click.BadParameter(f"expected NAME=VALUE, got {value!r}", param_hint=option)
+        pairs[key] = rest
+    return pairs
+
+
+def overrides(values: tuple[str, ...]) -> dict[str, Any]:
+    """``--set a.b=1`` as nested config values, typed the way Gym's own command-line overrides are."""
+    if not values:
+        return {}
+    key_values("--set", values)  # the same NAME=VALUE check as --server-url
+    import importlib.util
+
+    if importlib.util.find_spec("omegaconf") is None:
+        raise NemoGymNotInstalledError("omegaconf")
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(OmegaConf.from_dotlist(list(values)))
+    assert isinstance(container, dict)
+    return {str(key): value for key, value in container.items()}
+
+
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    """gymhost's own errors end the command with one ``Error:`` line, exit status 1."""
+    try:
+        yield
+    except GymhostError as error:
+        raise click.ClickException(str(error)) from None

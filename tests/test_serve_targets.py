@@ -1,0 +1,143 @@
+"""What a newcomer gives `gymhost serve`: installed Gym servers by name, several at once, some of a root, and the
+mistakes they make on the way, each answered with one line that names the fix before anything slow happens."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gymhost import create_app, create_gateway, mounted_lifespan
+
+from .agentenv_helpers import GRIDSIM, rows
+from .gym_plays import example_rows, play_session_state
+from .processes import gymhost_command, run_to_completion, serving
+
+pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
+
+WEATHER, COUNTER = "example_single_tool_call", "example_session_state_mgmt"
+UNMET = "asr_with_pc"  # its requirements.txt names jiwer, which the tiers' venvs do not have
+
+
+def one_error_line(*args: str) -> str:
+    done = run_to_completion(gymhost_command(*args))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout == "", done.stdout
+    (line,) = done.stderr.strip().splitlines()
+    return line
+
+
+@pytest.mark.processes
+async def test_installed_servers_are_served_by_name_alone_or_several_at_once(gym_root: Path) -> None:
+    with serving(gymhost_command("serve", COUNTER, "--port", "0")) as alone:
+        assert f"gymhost: serving {COUNTER} at {alone.url}" in alone.output
+        assert (await play_session_state(alone.url, example_rows(gym_root / COUNTER)[0], True))["reward"] == 1.0
+    with serving(gymhost_command("serve", WEATHER, COUNTER, "--port", "0")) as both:
+        listed = {server["prefix"]: server for server in httpx.get(both.url).json()["servers"]}
+        assert sorted(listed) == [f"/{COUNTER}", f"/{WEATHER}"]
+        assert listed[f"/{WEATHER}"]["tools"] == ["get_weather"]
+        row = example_rows(gym_root / COUNTER)[0]
+        assert (await play_session_state(f"{both.url}/{COUNTER}", row, True))["reward"] == 1.0
+
+
+@pytest.mark.processes
+def test_a_root_serves_only_the_servers_named(gym_root: Path, tmp_path: Path) -> None:
+    for name in (WEATHER, COUNTER, "example_multi_step"):
+        shutil.copytree(gym_root / name, tmp_path / "resources_servers" / name)
+    with serving(gymhost_command("serve", str(tmp_path), "--only", f"{WEATHER},{COUNTER}", "--port", "0")) as server:
+        listed = [entry["prefix"] for entry in httpx.get(server.url).json()["servers"]]
+    assert listed == [f"/{WEATHER}", f"/{COUNTER}"]
+    line = one_error_line("serve", str(tmp_path), "--only", "nope")
+    assert line.startswith(f"Error: --only nope: not in {tmp_path / 'resources_servers'} (it has: ")
+
+
+def test_mistakes_are_one_line_naming_the_fix(gym_root: Path, tmp_path: Path) -> None:
+    assert one_error_line("serve", "example_single_tol") == (
+        "Error: example_single_tol: no such folder, and nemo-gym "
+        f"{version()} ships no server of that name ({len(folders(gym_root))} do: gymhost list); did you mean "
+        f"{WEATHER} or {COUNTER}?"
+    )
+    assert one_error_line("serve", str(gym_root)) == (
+        f"Error: {gym_root}: this folder holds the Gym servers nemo-gym installed, not one server: name the ones "
+        "to serve (gymhost serve NAME [NAME ...]; gymhost list shows them)"
+    )
+    assert one_error_line("serve", str(tmp_path / "missing")) == (
+        f"Error: {tmp_path / 'missing'}: no such folder; expected a resources-server folder with app.py and configs/"
+    )
+    line = one_error_line("serve", UNMET)
+    fix = "serve it with --venv (a venv of its own, built once, as Gym builds one), or install them here"
+    assert line.startswith(f"Error: {UNMET}: its requirements.txt is not met here (jiwer"), line
+    assert line.endswith(fix), line
+
+
+def test_a_busy_port_is_one_line_before_anything_is_built() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = one_error_line("serve", WEATHER, "--port", str(port))
+    assert line == f"Error: 127.0.0.1:{port} is already in use; choose another --port (0 picks a free one)"
+
+
+def test_list_says_what_each_installed_server_needs_here() -> None:
+    done = run_to_completion(gymhost_command("list"))
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in done.stdout.splitlines()[1:-1]}
+    assert rows[WEATHER].split() == ["met", "-"]
+    assert rows[UNMET].startswith("--venv: jiwer"), rows[UNMET]
+    assert rows["simpleqa"].split() == ["met", "genrm_model"]
+    assert done.stdout.splitlines()[-1].startswith(f"{len(rows)} servers in ")
+
+
+async def test_a_gateway_mounted_in_your_own_app_has_its_readiness_and_metrics_under_the_prefix(
+    tmp_path: Path,
+) -> None:
+    """The existing-gateway pattern: your FastAPI app, with mounted_lifespan, mounts a gateway of written servers at
+    /envs: /envs/readyz and /envs/metrics are theirs, and their metrics carry the whole prefix."""
+    from fastapi import FastAPI
+
+    from gymhost.environments import awrite_folder
+
+    folder = (await awrite_folder(str(GRIDSIM), tmp_path)).path
+    app = FastAPI(lifespan=mounted_lifespan)
+    app.mount("/envs", create_gateway({"/gridsim": folder}))
+    async with app.router.lifespan_context(app), client(app) as http:
+        assert (await http.get("/envs/readyz")).json() == {"status": "ok"}
+        metrics = (await http.get("/envs/metrics")).text
+    assert 'gymhost_instances{mount="/envs/gridsim",state="free"}' in metrics, metrics
+
+
+async def test_a_mount_whose_lifespan_never_ran_names_mounted_lifespan(tmp_path: Path) -> None:
+    from fastapi import FastAPI
+
+    from gymhost.environments import awrite_folder
+
+    folder = (await awrite_folder(str(GRIDSIM), tmp_path)).path
+    app = FastAPI()  # no mounted_lifespan: the mount's lifespan never runs
+    app.mount("/gridsim", create_app(folder))
+    row = rows(folder)[0]
+    async with client(app) as http:
+        seeded = await http.post("/gridsim/seed_session", json=row)
+        ready = await http.get("/gridsim/readyz")
+    assert seeded.status_code == 503
+    assert "lifespan=gymhost.mounted_lifespan" in seeded.json()["detail"]
+    assert ready.status_code == 503
+    assert "lifespan=gymhost.mounted_lifespan" in ready.json()["reason"]
+
+
+def client(app: Any) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://mine.test")
+
+
+def version() -> str:
+    from importlib.metadata import version as installed
+
+    return installed("nemo-gym")
+
+
+def folders(gym_root: Path) -> list[str]:
+    return [p.name for p in gym_root.iterdir() if (p / "configs").is_dir() and not p.name.startswith(".")]
