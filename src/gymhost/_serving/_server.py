@@ -89,7 +89,9 @@ class Server:
                 "(a venv of its own, built once, as Gym builds one), or install them here"
             )
         from .._hosting._venvs import folder_venv
+        from .._nemo_gym import require_nemo_gym
 
+        require_nemo_gym()  # its version is the venv's
         python = folder_venv(folder)
         arguments = [argument for argument in sys.argv[1:] if argument != "--venv"]
         os.execv(python, [str(python), "-m", "gymhost", *arguments])  # this command, from the folder's venv
