@@ -162,8 +162,9 @@ def test_gyms_launcher_runs_a_written_folder_and_plays_an_episode(tmp_path: Path
 
 
 def kill_the_lost_episodes_instance(gates: Path, head: str, collecting: subprocess.Popen[str]) -> None:
-    """Once the lost row's model holds its final turn, SIGKILL the environment instance its episode leased (found
-    through the written server's pool, at the address Gym's head server gave it), then let the model answer."""
+    """Once the lost row's model holds its final turn and the other row's episode is over, SIGKILL the environment
+    instance the lost row's episode leased (found through the written server's pool, at the address Gym's head server
+    gave it), then let the model answer."""
     deadline = time.monotonic() + 180
     while not (gates / "lost.reached").exists():
         assert collecting.poll() is None, f"the collection ended before the gate:\n{collecting.communicate()[0]}"
@@ -175,9 +176,17 @@ def kill_the_lost_episodes_instance(gates: Path, head: str, collecting: subproce
     assert isinstance(config, dict)
     entries = [entry for entry in config.values() if isinstance(entry, dict)]  # config_paths is a list
     (server,) = [entry["resources_servers"][NAME] for entry in entries if NAME in entry.get("resources_servers", {})]
-    pool = httpx.get(f"http://{server['host']}:{server['port']}/agentenv/pool").json()
-    (leased,) = [instance for instance in pool["instances"] if instance["state"] == "leased"]
-    os.kill(leased["pid"], signal.SIGKILL)
+    # The other row plays at the same time and is not held: once its episode is over, the one instance still leased
+    # is the lost row's.
+    while True:
+        pool = httpx.get(f"http://{server['host']}:{server['port']}/agentenv/pool").json()
+        leased = [instance for instance in pool["instances"] if instance["state"] == "leased"]
+        if len(leased) == 1:
+            break
+        assert collecting.poll() is None, f"the collection ended with the lost row held:\n{collecting.communicate()[0]}"
+        assert time.monotonic() < deadline, f"the other row's episode never ended: {pool}"
+        time.sleep(0.1)
+    os.kill(leased[0]["pid"], signal.SIGKILL)
     (gates / "lost.go").touch()
 
 
