@@ -3,6 +3,7 @@
 #            (in .venv-demo: Python 3.12, gymhost and nemo-gym 0.4.0 only, built on first use).
 # make docs: the documentation site (MkDocs), built strict into site/.
 # make bench: the benchmarks (benchmarks/README.md).
+# make image: gymhost's OCI image (deploy/container/Containerfile) with podman, tagged gymhost:<version> and :latest.
 #
 # Three venvs, because the tiers cannot share one:
 #   .venv        Python 3.12, gymhost without nemo-gym or omegaconf (with the dev and docs tools): proves the base
@@ -30,7 +31,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test lint typecheck docs test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers clean check-pythons check-py312 check-py313
+.PHONY: test lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-image clean check-pythons check-py312 check-py313
 
 check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -85,13 +86,21 @@ AGENTENV := GYMHOST_AGENT_ENV_PYTHON=$(CURDIR)/.venv-agentenv/bin/python
 	touch $@
 
 test-unit: .venv/.installed
-	.venv/bin/pytest -m unit
+	.venv/bin/pytest -m "unit and not manifests"
+
+# deploy/'s manifests checked offline against the Kubernetes API schemas (kubernetes-validate), the Gateway API's
+# HTTPRoute (@kubernetes-models/gateway-api, npm) and Envoy's config (envoy-data-plane): tools in a venv of their own.
+.venv-manifests/.installed: $(wildcard tests/manifests/*) | check-py312
+	bash tests/manifests/setup.sh .venv-manifests $(PY312)
+
+test-manifests: .venv-manifests/.installed
+	.venv-manifests/bin/pytest tests/test_manifests.py -m manifests
 
 test-gym04: .venv-gym04/.installed .venv-openenv/.installed .venv-agentenv/.installed
-	$(OPENENV) $(AGENTENV) .venv-gym04/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers and not replay"
+	$(OPENENV) $(AGENTENV) .venv-gym04/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers and not replay and not container"
 
 test-gym07: .venv-gym07/.installed .venv-openenv/.installed .venv-agentenv/.installed
-	$(OPENENV) $(AGENTENV) .venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers and not replay"
+	$(OPENENV) $(AGENTENV) .venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers and not replay and not container"
 
 # The verifiers tier: the real trainer client (vf-eval, NeMo Gym taskset) against gymhost, on each nemo-gym version:
 # which one the server runs says nothing about what the client reads.
@@ -119,7 +128,57 @@ test-cluster: .venv-gym07/.installed
 	@command -v ip >/dev/null || { apt-get update -q >/dev/null; apt-get install -y -q iproute2 >/dev/null; }
 	.venv-gym07/bin/pytest -m cluster
 
-test: lint typecheck docs test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers
+# The wheel, as a user installs it: built (sdist and wheel), checked by twine, installed in a fresh venv (not
+# editable, not from the checkout) where the unit tier runs against it. The image installs the same build and the
+# container tier serves and plays through it.
+test-wheel: .venv/.installed | check-py312
+	rm -rf dist .venv-wheel
+	.venv/bin/python -m build --quiet --outdir dist . $(PIP_QUIET)
+	.venv/bin/twine check --strict dist/*
+	$(PY312) -m venv .venv-wheel
+	.venv-wheel/bin/pip install -q "$$(ls dist/gymhost-*.whl)[dev]" $(PIP_QUIET)
+	.venv-wheel/bin/python -c 'import gymhost, sys; sys.exit(0 if "/site-packages/" in gymhost.__file__ else f"gymhost imported from {gymhost.__file__}")'
+	.venv-wheel/bin/pytest -m "unit and not manifests" -p no:cacheprovider -q
+
+# The image (make image). podman runs its containers with runc: Debian's crun 1.8 refuses some kernels' cgroup
+# layouts. A container may not raise its limits above the caller's hard ones, so they are passed as they are here.
+# BASE is the image to build on: by default a Debian trixie root file system built from Debian's packages
+# (mmdebstrap, about a minute, once), for machines that cannot pull from a registry; on one that can,
+# make image BASE=docker.io/library/python:3.13-slim. The build reaches the package index as this machine does (its
+# CA bundle is lent to the build).
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' src/gymhost/_version.py)
+IMAGE := gymhost:$(VERSION)
+TRIXIE := localhost/gymhost-base:trixie
+BASE ?= $(TRIXIE)
+PODMAN := podman --runtime runc
+CONTAINER_LIMITS = --ulimit nofile=$$(ulimit -Hn):$$(ulimit -Hn) --ulimit nproc=4096:4096
+CONTAINER_TOOLS := podman runc mmdebstrap uidmap
+
+image-base:
+	@command -v podman >/dev/null && command -v runc >/dev/null && command -v mmdebstrap >/dev/null || { \
+		echo "make image: installing $(CONTAINER_TOOLS) (Debian packages)"; \
+		apt-get update -q >/dev/null; apt-get install -y -q $(CONTAINER_TOOLS) >/dev/null; }
+	@if [ "$(BASE)" = "$(TRIXIE)" ] && ! $(PODMAN) image exists $(TRIXIE); then \
+		echo "make image: building the base image $(TRIXIE) from Debian's packages (mmdebstrap)"; \
+		mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates trixie - \
+			http://deb.debian.org/debian | $(PODMAN) import --quiet - $(TRIXIE) >/dev/null; fi
+
+image: image-base
+	$(PODMAN) build --quiet --network host $(CONTAINER_LIMITS) \
+		$$([ -f /etc/ssl/certs/ca-certificates.crt ] && echo -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro) \
+		--build-arg BASE=$(BASE) --build-arg VERSION=$(VERSION) \
+		--build-arg SOURCE="$$(git remote get-url origin 2>/dev/null || true)" \
+		--build-arg REVISION="$$(git rev-parse HEAD 2>/dev/null || true)" \
+		-f deploy/container/Containerfile -t $(IMAGE) -t gymhost:latest . >/dev/null
+	@echo "make image: built $(IMAGE) (also gymhost:latest), $$($(PODMAN) image inspect $(IMAGE) --format '{{.Size}}') bytes"
+
+# The container tier: the image run as deploy/kubernetes runs it (non-root, read-only root file system, its limits),
+# played through by the real vf-eval; and the manifests checked against the Kubernetes and Gateway API schemas.
+test-container: image .venv-gym07/.installed .venv-verifiers/.installed
+	GYMHOST_IMAGE=$(IMAGE) GYMHOST_VERIFIERS_BIN=$(CURDIR)/.venv-verifiers/bin .venv-gym07/bin/pytest -m container
+
+test: lint typecheck docs test-unit test-manifests test-wheel test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers \
+		test-container
 
 # The task format's JSON Schema is generated from its models; a unit test keeps the committed file current.
 schema: .venv/.installed
@@ -155,5 +214,9 @@ bench-load: .venv-gym07/.installed
 bench-workers: .venv-gym07/.installed
 	cd benchmarks && ../.venv-gym07/bin/python run.py --only workers
 
+# The image's size and its time to ready (benchmarks/image.py), into results/<date>-image.json.
+bench-image: image .venv-gym07/.installed
+	cd benchmarks && GYMHOST_IMAGE=$(IMAGE) ../.venv-gym07/bin/python image.py
+
 clean:
-	rm -rf .venv .venv-gym04 .venv-gym07 .venv-openenv .venv-agentenv .venv-verifiers .venv-demo site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .venv-gym04 .venv-gym07 .venv-openenv .venv-agentenv .venv-verifiers .venv-demo .venv-wheel .venv-manifests dist site .pytest_cache .mypy_cache .ruff_cache

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import shutil
 import sys
@@ -48,8 +49,11 @@ def test_the_folder_is_a_gym_resources_server_folder(written: Path) -> None:
     assert (
         'if __name__ == "__main__":\n    GridsimV1ResourcesServer.run_webserver()' in (written / "app.py").read_text()
     )
-    # gymhost as it was installed here (PEP 610): this checkout, so that Gym's launcher can build the server's venv.
-    assert (written / "requirements.txt").read_text().splitlines()[0] == f"gymhost[nemo-gym] @ {REPO.as_uri()}"
+    # gymhost as it was installed here (PEP 610): this checkout, or the wheel the wheel tier installed, so that Gym's
+    # launcher can build the server's venv from the same gymhost.
+    installed = json.loads(importlib.metadata.distribution("gymhost").read_text("direct_url.json") or "{}")
+    expected = REPO.as_uri() if installed.get("dir_info", {}).get("editable") else installed["url"]
+    assert (written / "requirements.txt").read_text().splitlines()[0] == f"gymhost[nemo-gym] @ {expected}"
 
 
 def test_the_config_has_the_server_an_agent_and_an_environment_server(written: Path) -> None:

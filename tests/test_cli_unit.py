@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -71,6 +72,17 @@ def test_list_and_serve_say_what_they_take() -> None:
     assert "FOLDER_OR_NAME..." in CliRunner().invoke(main, ["serve", "--help"]).output
     listed = " ".join(CliRunner().invoke(main, ["list", "--help"]).output.split())
     assert "The Gym servers nemo-gym installed (or those of a Gym ROOT)" in listed
+
+
+def test_serve_takes_its_folders_from_gymhost_folder_when_given_none(tmp_path: Path) -> None:
+    """As the container image runs it: no argument, GYMHOST_FOLDER names what to serve (the same check follows)."""
+    missing = tmp_path / "nowhere"
+    result = CliRunner().invoke(main, ["serve"], env={"GYMHOST_FOLDER": str(missing)})
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"Error: {missing}"), result.output
+    nothing = CliRunner().invoke(main, ["serve"], env={"GYMHOST_FOLDER": ""})
+    assert nothing.exit_code == 2
+    assert "Missing argument 'FOLDER_OR_NAME...'" in nothing.output
 
 
 def test_server_url_must_be_name_equals_url() -> None:

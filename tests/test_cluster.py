@@ -99,6 +99,7 @@ class Cluster:
             *gymhost_command(
                 "serve", str(self.root), "--host", "0.0.0.0", "--port", "8000", "--replica-id", f"r{i}",
                 "--advertise-url", self.address(i), "--drain-timeout", "60",
+                "--no-token",  # reached only inside this test's network namespaces
             ),
         ]  # fmt: skip
         context = serving(command, url=self.address(i), ready_path="/readyz", env={"GYMHOST_SECRET": SECRET})

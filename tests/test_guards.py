@@ -106,15 +106,25 @@ def test_serve_with_a_token_refuses_strangers_and_never_logs_the_token_or_the_se
     assert SECRET not in server.output, server.output
 
 
-def test_serve_beyond_loopback_without_a_token_warns_loudly(gym_root: Path) -> None:
-    """192.0.2.1 is a documentation address no machine has: the warning comes first, then binding fails, so the
-    test never listens beyond loopback."""
-    result = run_to_completion(gymhost_command("serve", str(gym_root / EXAMPLE), "--host", "192.0.2.1"))
-    assert result.returncode == 1
-    assert "WARNING: serving on 192.0.2.1 with no token" in result.stderr
-    assert "192.0.2.1 is not an address of this machine" in result.stderr
+def test_serve_beyond_loopback_without_a_token_is_refused_unless_told(gym_root: Path) -> None:
+    """192.0.2.1 is a documentation address no machine has: the refusal comes before binding, and with a token or
+    --no-token binding is what fails, so the test never listens beyond loopback."""
+    refused = run_to_completion(gymhost_command("serve", str(gym_root / EXAMPLE), "--host", "192.0.2.1"))
+    assert refused.returncode == 1
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("Error: serving on 192.0.2.1 with no token would let anyone"), line
+    assert "set GYMHOST_TOKEN (or --token), serve on 127.0.0.1, or pass --no-token" in line
+    told = run_to_completion(gymhost_command("serve", str(gym_root / EXAMPLE), "--host", "192.0.2.1", "--no-token"))
+    assert "gymhost: serving on 192.0.2.1 with no token (--no-token)" in told.stdout, told.stdout + told.stderr
+    assert "192.0.2.1 is not an address of this machine" in told.stderr
     quiet = run_to_completion(
         gymhost_command("serve", str(gym_root / EXAMPLE), "--host", "192.0.2.1", "--token", TOKEN)
     )
-    assert "with no token" not in quiet.stderr  # (this machine's open-files limit may still be warned about)
+    assert "192.0.2.1 is not an address of this machine" in quiet.stderr
+    assert "with no token" not in quiet.stdout + quiet.stderr
     assert TOKEN not in quiet.stdout + quiet.stderr
+    both = run_to_completion(
+        gymhost_command("serve", str(gym_root / EXAMPLE), "--host", "192.0.2.1", "--token", TOKEN, "--no-token")
+    )
+    assert both.returncode == 2
+    assert "--no-token and a token" in both.stderr

@@ -95,13 +95,19 @@ class Evaluation:
 
 
 @contextmanager
-def evaluating(gym_url: str, rows: list[dict[str, Any]], script: dict[str, Any], work: Path) -> Iterator[Evaluation]:
-    """`rows` through `vf-eval`, as prime-rl plays them, with the scripted model playing `script`."""
+def evaluating(
+    gym_url: str, rows: list[dict[str, Any]], script: dict[str, Any], work: Path, token: str | None = None
+) -> Iterator[Evaluation]:
+    """`rows` through `vf-eval`, as prime-rl plays them, with the scripted model playing `script`; with a token, as
+    the taskset's `headers` send it."""
     bin_folder = verifiers_bin()
     (work / "gates").mkdir(parents=True)
     (work / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     # The taskset's dataset is a required field that vf-eval 0.4.0 cannot take as a flag: a config file holds it.
-    (work / "eval.toml").write_text(f'[env.taskset]\nid = "nemo-gym"\ndataset = "{work / "rows.jsonl"}"\n')
+    config = f'[env.taskset]\nid = "nemo-gym"\ndataset = "{work / "rows.jsonl"}"\n'
+    if token is not None:
+        config += f'[env.taskset.task]\nheaders = {{Authorization = "Bearer {token}"}}\n'
+    (work / "eval.toml").write_text(config)
     port = free_port()
     model = [sys.executable, str(SCRIPTED_MODEL), "--port", str(port), "--script", json.dumps(script)]
     model += ["--gates", str(work / "gates")]

@@ -147,6 +147,8 @@ class ServeConfig:
     server_urls: Mapping[str, str] = field(default_factory=dict)
     # What its apps refuse and measure.
     app: AppSettings = field(default_factory=AppSettings)
+    # Beyond loopback, a server with no token is refused unless this says something in front guards the port.
+    no_token: bool = False
     # A folder whose requirements.txt this environment does not meet is served from a venv of its own.
     venv: bool = False
     workers: int = 1

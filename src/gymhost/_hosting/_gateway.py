@@ -23,6 +23,7 @@ from .._config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, AppSetting
 from .._exceptions import FolderError, GatewayError
 from .._keys import MOUNT, MOUNTS
 from .._nemo_gym import GYM_ROUTE_NAMES
+from ..middleware.auth import GATEWAY_LIVENESS_PATHS
 from ._app import HOSTED, build_app
 from ._lifespan import has_lifespan, running_lifespan
 from ._operating import add_operating_routes
@@ -139,9 +140,11 @@ def build_gateway(
     async def index() -> dict[str, Any]:
         return {"servers": [_describe(prefix, app) for prefix, app in mounted.items()]}
 
-    @gateway.get("/health", include_in_schema=False)
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    for path in sorted(GATEWAY_LIVENESS_PATHS):  # a probe written for one server's /livez works here too
+        gateway.add_api_route(path, health, methods=["GET"], include_in_schema=False)
 
     MOUNTS.set(gateway, mounted)  # /readyz: ready when every mount is
     add_operating_routes(gateway)  # /readyz and /metrics for the whole gateway, every mount labelled

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import importlib.metadata
 import importlib.util
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,13 @@ def resolve_targets(paths: Sequence[str], *, only: Sequence[str] = ()) -> Target
     """What ``paths`` (and ``only``) ask to serve; a ``FolderError`` naming the fix when they ask for nothing."""
     if not paths:
         raise FolderError("name what to serve: a folder, a Gym root, or an installed Gym server's name")
+    for given in paths:  # a folder mounted into a container is often not readable by the container's user
+        path = Path(given).expanduser()
+        if path.is_dir() and not os.access(path, os.R_OK | os.X_OK):
+            raise FolderError(
+                f"{given}: this process (uid {os.getuid()}) cannot read it; make it readable to that user "
+                f"(chmod -R a+rX {given})"
+            )
     if len(paths) == 1:
         given = paths[0]
         path = Path(given).expanduser()

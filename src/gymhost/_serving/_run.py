@@ -223,7 +223,7 @@ def _run_hypercorn(app: Any, sockets: list[socket.socket], config: ServeConfig) 
         from hypercorn.asyncio import serve
         from hypercorn.config import Config
     except ImportError:
-        raise ServeError("hypercorn is not installed: pip install 'gymhost[hypercorn]'") from None
+        raise ServeError("hypercorn is not installed: pip install hypercorn (gymhost's hypercorn extra)") from None
 
     hypercorn_config = Config()
     # A duplicate, because hypercorn closes the socket it was given and gymhost closes its own.

@@ -10,6 +10,7 @@ open-files limit raised (said only where it matters: beyond loopback), the drain
 from __future__ import annotations
 
 import logging
+import logging.config
 import os
 import socket
 import sys
@@ -60,10 +61,13 @@ class Server:
             process_state.follow_parent(int(parent))
         workers_folder = self._prepare_workers(target)
         if config.uds is None and config.app.token is None and not _is_loopback(config.host):
-            self.say(
-                f"WARNING: serving on {config.host} with no token: anyone who can reach this port can seed, play and "
-                "verify episodes and read the pool. Set GYMHOST_TOKEN (or --token), or serve on 127.0.0.1."
-            )
+            if not config.no_token:
+                raise ServeError(
+                    f"serving on {config.host} with no token would let anyone who can reach this port seed, play and "
+                    "verify episodes and read the pool: set GYMHOST_TOKEN (or --token), serve on 127.0.0.1, or pass "
+                    "--no-token if something in front keeps everyone else out"
+                )
+            self.say(f"serving on {config.host} with no token (--no-token): whatever is in front must guard the port")
         sock = self._bind()
         try:
             self._say_limits()
@@ -136,6 +140,7 @@ class Server:
 
     def _serve(self, target: Target, sock: socket.socket, workers_folder: Path | None) -> None:
         from .._hosting._loading import enter_folder, load_app
+        from .._logging import logging_config
         from .._nemo_gym import require_nemo_gym
         from .._process._identity import process_state
         from ._process_mount import apart_in_own_venvs
@@ -149,8 +154,8 @@ class Server:
             port=sock.getsockname()[1] if config.uds is None else None,
             advertise_url=config.advertise_url,
         )
-        if target.folder is not None:
-            enter_folder(target.folder)  # as Gym's launcher runs a server: in its folder
+        # What building the app logs (the env.yaml it read, say) is said as serving will say it.
+        logging.config.dictConfig(logging_config(config.log_format, config.log_level))
         overrides: dict[str, Any] = dict(config.overrides)
         if config.name is not None:
             overrides["name"] = config.name
@@ -168,6 +173,9 @@ class Server:
             apart=apart,
             **overrides,
         )
+        if target.folder is not None:
+            # As Gym's launcher runs a server: in its folder. Only now: env.yaml was looked for where the command ran.
+            enter_folder(target.folder)
         if config.root_path:
             MOUNT.set(app, config.root_path)  # its metrics carry the prefix it is served under
         self.say(f"serving {target.name} at {url_of(sock)}{self._mounts(target, app)}")

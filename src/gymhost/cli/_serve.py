@@ -8,6 +8,7 @@ import click
 
 from .._config import (
     DEFAULT_MAX_BODY_BYTES,
+    FOLDER_ENV_VAR,
     MASKED_VERDICTS,
     MASKED_VERDICTS_ENV_VAR,
     NO_TOKEN,
@@ -24,7 +25,7 @@ __all__ = ["serve"]
 
 
 @click.command()
-@click.argument("paths", nargs=-1, required=True, metavar="FOLDER_OR_NAME...")
+@click.argument("paths", nargs=-1, required=True, metavar="FOLDER_OR_NAME...", envvar=FOLDER_ENV_VAR)
 @click.option(
     "--only",
     default=None,
@@ -68,6 +69,13 @@ __all__ = ["serve"]
     show_envvar=True,
     help="Every request but liveness probes must send Authorization: Bearer TOKEN. Prefer the environment "
     "variable: a command line is visible to every user of the machine.",
+)
+@click.option(
+    "--no-token",
+    is_flag=True,
+    help="Serve beyond loopback without a token, on purpose: something in front (a network policy, a private network, "
+    "a gateway that authenticates) keeps everyone else out. Without a token or this, gymhost serve refuses to listen "
+    "beyond loopback.",
 )
 @click.option(
     "--max-body-bytes",
@@ -178,6 +186,8 @@ def serve(paths: tuple[str, ...], only: str | None, **options: Any) -> None:
     gymhost serve ROOT                               every server of a Gym root, each at /<name>
     gymhost serve ROOT --only a,b                    some of them
     gymhost serve NAME_OR_FOLDER NAME_OR_FOLDER ...  several, each at /<name>
+
+    With no argument, the folders or names in GYMHOST_FOLDER (separated by spaces), as the container image runs.
     """
     with one_line_errors():
         config = _config(paths, only, **options)
@@ -191,6 +201,7 @@ def _config(
     server_urls: tuple[str, ...],
     settings: tuple[str, ...],
     token: str | None,
+    no_token: bool,
     max_body_bytes: int,
     http_metrics: bool,
     masked_verdicts: str,
@@ -198,6 +209,8 @@ def _config(
     root_path: str,
     **rest: Any,
 ) -> ServeConfig:
+    if token and no_token:
+        raise click.UsageError("--no-token and a token (--token or GYMHOST_TOKEN) say opposite things: give one")
     app = AppSettings.of(
         # click has read GYMHOST_TOKEN and GYMHOST_MASKED_VERDICTS already: no token here means none was given.
         token=token or NO_TOKEN,
@@ -215,6 +228,7 @@ def _config(
         server_urls=key_values("--server-url", server_urls),
         overrides=overrides(settings),
         app=app,
+        no_token=no_token,
         server=server_name,  # type: ignore[arg-type]
         root_path=root_path.rstrip("/"),
         **rest,

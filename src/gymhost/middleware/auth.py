@@ -19,10 +19,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._asgi import answer_json, path_below_mount
 
-__all__ = ["LIVENESS_PATHS", "BearerTokenMiddleware"]
+__all__ = ["GATEWAY_LIVENESS_PATHS", "LIVENESS_PATHS", "BearerTokenMiddleware"]
 
 # Gym's liveness routes (nemo-gym 0.4.0 answers "/" only; 0.5+ adds the others).
 LIVENESS_PATHS = frozenset({"/", "/health", "/healthz", "/livez", "/readyz"})
+# A gateway's: the same but "/", which lists its servers. One probe path (/livez) serves any target.
+GATEWAY_LIVENESS_PATHS = frozenset({"/health", "/healthz", "/livez"})
 
 
 class BearerTokenMiddleware:

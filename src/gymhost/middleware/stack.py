@@ -21,7 +21,7 @@ from starlette.middleware.sessions import SessionMiddleware as StarletteSessionM
 
 from .._config import AppSettings
 from .._metrics import EpisodeMetrics
-from .auth import LIVENESS_PATHS, BearerTokenMiddleware
+from .auth import GATEWAY_LIVENESS_PATHS, LIVENESS_PATHS, BearerTokenMiddleware
 from .disconnect import DisconnectCancellationMiddleware
 from .draining import DrainingMiddleware
 from .gym_errors import GymErrorsMiddleware
@@ -114,7 +114,11 @@ def gateway_stack(
     own) are checked here, their liveness probes open as when served alone."""
     stack = [Middleware(HttpMetricsMiddleware, mounts=timed)] if settings.http_metrics else []
     if settings.token is not None:
-        open_paths = {"/health", "/readyz"} | {prefix + path for prefix in proxied for path in LIVENESS_PATHS | {""}}
+        open_paths = (
+            GATEWAY_LIVENESS_PATHS
+            | {"/readyz"}
+            | {prefix + path for prefix in proxied for path in LIVENESS_PATHS | {""}}
+        )
         stack.append(Middleware(BearerTokenMiddleware, token=settings.token, open_paths=open_paths, mounts=mounts))
     return stack
 

@@ -1,0 +1,96 @@
+"""The image's size and its time to ready (make bench-image, after make image).
+
+Time to ready: from `podman run` to the first 200 of `/readyz` (the Kubernetes recipe's readiness probe), polled every
+20 ms, for an installed Gym server by name and for the written gridsim folder mounted at run time (its pool's first
+instances started), five starts each, as the container tier runs it (runc, host network, read-only root file
+system, user 10001). Writes results/<date>-image.json and prints the table for README.md.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+PODMAN = ["podman", "--runtime", "runc"]
+IMAGE = os.environ.get("GYMHOST_IMAGE", "gymhost:latest")
+STARTS = 5
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def limits() -> list[str]:
+    hard = subprocess.run(["bash", "-c", "ulimit -Hn"], capture_output=True, text=True, check=True).stdout.strip()
+    return ["--ulimit", f"nofile={hard}:{hard}", "--ulimit", "nproc=4096:4096"]
+
+
+def time_to_ready(options: list[str], arguments: list[str]) -> float:
+    port, name = free_port(), f"gymhost-bench-{uuid.uuid4().hex[:8]}"
+    command = [*PODMAN, "run", "-d", "--name", name, "--network", "host", "--read-only", *limits(), *options]
+    command += ["-e", "GYMHOST_TOKEN=bench", IMAGE, *arguments, f"--port={port}"]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True)
+    try:
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200:
+                    return time.perf_counter() - started
+            except httpx.TransportError:
+                pass
+            if time.perf_counter() - started > 180:
+                raise RuntimeError(subprocess.run([*PODMAN, "logs", name], capture_output=True, text=True).stderr)
+            time.sleep(0.02)
+    finally:
+        subprocess.run([*PODMAN, "rm", "-f", "-t", "0", name], capture_output=True, check=False)
+
+
+def main() -> None:
+    size = int(
+        subprocess.run(
+            [*PODMAN, "image", "inspect", IMAGE, "--format", "{{.Size}}"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    sys.path.insert(0, str(REPO / "src"))
+    from gymhost.environments import write_folder
+
+    with tempfile.TemporaryDirectory() as work:
+        folder = write_folder(str(REPO / "examples" / "gridsim_v1"), Path(work) / "root").path
+        subprocess.run(["chmod", "-R", "a+rX", work], check=True)
+        cases = {
+            "installed Gym server by name (example_single_tool_call)": ([], ["example_single_tool_call"]),
+            "written gridsim folder, mounted": (["-v", f"{folder}:/srv/gym:ro", "-e", "GYMHOST_FOLDER=/srv/gym"], []),
+        }
+        results = {case: [time_to_ready(*given) for _ in range(STARTS)] for case, given in cases.items()}
+    record = {
+        "date": datetime.date.today().isoformat(),
+        "image": IMAGE,
+        "size_bytes": size,
+        "cores": os.cpu_count(),
+        "time_to_ready_s": results,
+    }
+    out = HERE / "results" / f"{record['date']}-image.json"
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"image {IMAGE}: {size / 1e9:.2f} GB\n")
+    print("| served | time to ready, median (min-max) of 5 starts |\n|---|---|")
+    for case, times in results.items():
+        print(f"| {case} | {statistics.median(times):.2f} s ({min(times):.2f}-{max(times):.2f}) |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,284 @@
+"""The image, run as deploy/kubernetes/gymhost.yaml's Deployment runs it, and played through by the real client.
+
+`make test-container` builds the image (`make image`) and names it in GYMHOST_IMAGE. Every container here gets what
+the Deployment gives its pods, read from the manifest: its args and environment (the pod IP is 127.0.0.1, the token
+and secret this test's), its user, a read-only root file system with an emptyDir at /tmp, the ConfigMap's env.yaml at
+its working directory, its cpu and memory limits, no capabilities. What a pod has that podman cannot give here: its own
+network (the containers share the host's, so each listens on a free port instead of 8000) and an open-files limit
+above this machine's hard one (a container may not raise it).
+
+The folders are a written one (the gridsim bundle) and one of Gym's (example_single_tool_call), in one Gym root behind
+one address: baked into the image the manifest names by deploy/container/Containerfile.folders, or mounted at run
+time into the plain image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from gymhost import EpisodeClient
+
+from .agentenv_helpers import GRIDSIM
+from .processes import free_port
+from .test_verifiers import assert_scored, evaluating
+
+pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.container, pytest.mark.usefixtures("clean_env")]
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFEST = REPO / "deploy" / "kubernetes" / "gymhost.yaml"
+FOLDERS_CONTAINERFILE = REPO / "deploy" / "container" / "Containerfile.folders"
+PODMAN = ["podman", "--runtime", "runc"]
+TOKEN = "container-tier-token"
+WEATHER = "example_single_tool_call"
+GRIDSIM_NAME = GRIDSIM.name  # the written folder's name, its prefix
+
+
+def image() -> str:
+    found = os.environ.get("GYMHOST_IMAGE")
+    if not found or subprocess.run([*PODMAN, "image", "exists", found], check=False).returncode != 0:
+        pytest.fail("GYMHOST_IMAGE must name the image make image built (make test-container builds it)")
+    return found
+
+
+def manifest(kind: str) -> dict[str, Any]:
+    (document,) = [doc for doc in yaml.safe_load_all(MANIFEST.read_text()) if doc and doc["kind"] == kind]
+    return document
+
+
+@dataclass
+class Container:
+    name: str
+    url: str
+
+    def logs(self) -> str:
+        done = subprocess.run([*PODMAN, "logs", self.name], capture_output=True, text=True, check=False)
+        return done.stdout + done.stderr
+
+    def exec(self, *command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*PODMAN, "exec", self.name, *command], capture_output=True, text=True, check=False)
+
+    def exit_code(self) -> int:
+        done = subprocess.run(
+            [*PODMAN, "inspect", self.name, "--format", "{{.State.ExitCode}}"], capture_output=True, text=True
+        )
+        return int(done.stdout.strip())
+
+
+def host_limits() -> list[str]:
+    """A container here may not raise its limits above the caller's hard ones (podman's defaults would)."""
+    hard = int(subprocess.run(["bash", "-c", "ulimit -Hn"], capture_output=True, text=True, check=True).stdout)
+    return ["--ulimit", f"nofile={hard}:{hard}", "--ulimit", "nproc=4096:4096"]
+
+
+def as_the_deployment_runs_it(work: Path, port: int) -> tuple[list[str], list[str]]:
+    """podman's options and the image's arguments for a pod of the manifest's Deployment, listening on ``port``."""
+    pod = manifest("Deployment")["spec"]["template"]["spec"]
+    (spec,) = pod["containers"]
+    options = [
+        "--network",
+        "host",
+        "--user",
+        f"{pod['securityContext']['runAsUser']}:{pod['securityContext']['runAsGroup']}",
+    ]
+    security = spec["securityContext"]
+    if security["readOnlyRootFilesystem"]:
+        options += ["--read-only", "--read-only-tmpfs=false"]
+    if "ALL" in security["capabilities"]["drop"]:
+        options += ["--cap-drop", "ALL"]
+    if not security["allowPrivilegeEscalation"]:
+        options += ["--security-opt", "no-new-privileges"]
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    for mount in spec["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "emptyDir" in volume:
+            options += ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777"]
+        else:  # the ConfigMap, its keys as files
+            data = manifest("ConfigMap")
+            assert volume["configMap"]["name"] == data["metadata"]["name"]
+            folder = work / mount["name"]
+            folder.mkdir()
+            for key, value in data["data"].items():
+                (folder / key).write_text(value)
+            options += ["-v", f"{folder}:{mount['mountPath']}:ro"]
+    options += ["--workdir", spec["workingDir"]]
+    limits = spec["resources"]["limits"]
+    options += ["--cpus", str(min(float(limits["cpu"]), os.cpu_count() or 1))]
+    options += ["--memory", limits["memory"].replace("Gi", "g").replace("Mi", "m")]
+    options += host_limits()
+    values = {"POD_IP": "127.0.0.1", "GYMHOST_REPLICA_ID": f"gymhost-{port}"}
+    values |= {"GYMHOST_SECRET": uuid.uuid4().hex, "GYMHOST_TOKEN": TOKEN}
+    for variable in spec["env"]:
+        assert variable["name"] in values, f"the test does not know how to give {variable['name']}"
+        options += ["-e", f"{variable['name']}={values[variable['name']]}"]
+    arguments = [re.sub(r"\$\((\w+)\)", lambda found: values[found.group(1)], arg) for arg in spec["args"]]
+    arguments = [arg.replace(":8000", f":{port}") for arg in arguments]  # the host's network: a port of its own
+    return options, [*arguments, f"--port={port}"]
+
+
+@contextmanager
+def running(
+    image_name: str, work: Path, *, extra: tuple[str, ...] = (), arguments: tuple[str, ...] = ()
+) -> Iterator[Container]:
+    """A container of ``image_name``, as the Deployment runs it, ready (its readiness probe answers 200)."""
+    port = free_port()
+    options, deployment_arguments = as_the_deployment_runs_it(work, port)
+    name = f"gymhost-test-{uuid.uuid4().hex[:8]}"
+    command = [*PODMAN, "run", "-d", "--name", name, *options, *extra, image_name, *arguments, *deployment_arguments]
+    subprocess.run(command, check=True, capture_output=True)
+    container = Container(name, f"http://127.0.0.1:{port}")
+    try:
+        probe = manifest("Deployment")["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if httpx.get(f"{container.url}{probe['path']}").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            state = subprocess.run(
+                [*PODMAN, "inspect", name, "--format", "{{.State.Running}}"], capture_output=True, text=True
+            ).stdout.strip()
+            assert state == "true", f"the container stopped before it was ready:\n{container.logs()}"
+            assert time.monotonic() < deadline, f"not ready after 180 s:\n{container.logs()}"
+            time.sleep(0.2)
+        yield container
+    finally:
+        subprocess.run([*PODMAN, "rm", "-f", "-t", "0", name], capture_output=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory, gym_root: Path) -> Path:
+    """A Gym root with a written folder (the gridsim bundle) and one of Gym's own servers."""
+    from gymhost.environments import write_folder
+
+    root = tmp_path_factory.mktemp("context") / "root"
+    write_folder(str(GRIDSIM), root)
+    shutil.copytree(gym_root / WEATHER, root / "resources_servers" / WEATHER)
+    subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)  # mounted, it is read by the image's user
+    return root
+
+
+@pytest.fixture(scope="module")
+def envs_image(root: Path) -> Iterator[str]:
+    """The image the manifest names: gymhost's, with the root baked in by Containerfile.folders."""
+    name = manifest("Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    build = [*PODMAN, "build", "--quiet", "-f", str(FOLDERS_CONTAINERFILE), "--build-arg", f"IMAGE={image()}"]
+    build += ["--build-arg", f"FOLDERS={root.name}", "-t", name, str(root.parent)]
+    done = subprocess.run(build, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    yield name
+    subprocess.run([*PODMAN, "rmi", "-f", name], capture_output=True, check=False)
+
+
+def gridsim_play(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The gridsim folder's reach-corner row and the tool calls of its reference solution."""
+    folder = root / "resources_servers" / GRIDSIM_NAME
+    row = next(
+        json.loads(line) for line in (folder / "data" / "eval.jsonl").read_text().splitlines() if "reach-corner" in line
+    )
+    task = next(
+        json.loads(line)
+        for line in (GRIDSIM / "tasks" / "eval.jsonl").read_text().splitlines()
+        if "reach-corner" in line
+    )
+    return row, task["solution"]["tool_calls"]
+
+
+def test_the_image_the_manifest_names_serves_a_written_folder_and_gyms_behind_one_address_to_vf_eval(
+    envs_image: str, root: Path, gym_root: Path, tmp_path: Path
+) -> None:
+    with running(envs_image, tmp_path) as container:
+        status = container.exec("cat", "/proc/1/status").stdout
+        assert re.search(r"^Uid:\s+10001\s", status, re.MULTILINE), status  # not root
+        assert container.exec("touch", "/opt/gymhost/written").returncode != 0  # the root file system is read-only
+        assert httpx.get(f"{container.url}/livez").status_code == 200  # the liveness probe needs no token
+        assert httpx.get(container.url).status_code == 401  # everything else does
+        listed = httpx.get(container.url, headers={"authorization": f"Bearer {TOKEN}"}).json()
+        assert sorted(server["prefix"] for server in listed["servers"]) == sorted([f"/{GRIDSIM_NAME}", f"/{WEATHER}"])
+        working_directory = manifest("Deployment")["spec"]["template"]["spec"]["containers"][0]["workingDir"]
+        assert f"read {working_directory}/env.yaml (policy_base_url)" in container.logs()  # the ConfigMap's
+
+        row, steps = gridsim_play(root)
+        script = {"steps": steps, "final": "I am at (1, 1)."}
+        with evaluating(
+            f"{container.url}/{GRIDSIM_NAME}", [row], script, tmp_path / "gridsim", token=TOKEN
+        ) as evaluation:
+            (trace,) = evaluation.traces()
+        assert_scored(trace, 1.0)
+
+        weather_row = json.loads((gym_root / WEATHER / "data" / "example.jsonl").read_text().splitlines()[0])
+        script = {"steps": [{"name": "get_weather", "arguments": {"city": "San Francisco"}}], "final": "It is cold."}
+        with evaluating(
+            f"{container.url}/{WEATHER}", [weather_row], script, tmp_path / "weather", token=TOKEN
+        ) as evaluation:
+            (trace,) = evaluation.traces()
+        assert_scored(trace, 1.0)
+
+
+def test_the_image_refuses_to_start_without_a_token_or_on_a_folder_its_user_cannot_read(
+    root: Path, tmp_path: Path
+) -> None:
+    def start(*options: str, arguments: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+        command = [*PODMAN, "run", "--rm", "--network", "host", *host_limits(), *options, image(), *arguments]
+        return subprocess.run(command, capture_output=True, text=True, check=False, timeout=120)
+
+    no_token = start(arguments=(WEATHER,))
+    assert no_token.returncode == 1, no_token.stdout + no_token.stderr
+    assert "Error: serving on 0.0.0.0 with no token" in no_token.stderr, no_token.stderr
+    private = tmp_path / "private"
+    shutil.copytree(root / "resources_servers" / GRIDSIM_NAME, private)
+    private.chmod(0o700)
+    unreadable = start("-e", f"GYMHOST_TOKEN={TOKEN}", "-v", f"{private}:/srv/gym:ro", "-e", "GYMHOST_FOLDER=/srv/gym")
+    assert unreadable.returncode == 1, unreadable.stdout + unreadable.stderr
+    assert unreadable.stderr.strip() == (
+        "Error: /srv/gym: this process (uid 10001) cannot read it; make it readable to that user (chmod -R a+rX "
+        "/srv/gym)"
+    ), unreadable.stderr
+
+
+@pytest.mark.anyio
+async def test_podman_stop_drains_an_open_episode_within_the_grace_period(root: Path, tmp_path: Path) -> None:
+    """A folder mounted at run time into the plain image. SIGTERM (podman stop, as the kubelet stops a pod) drains:
+    readiness fails, no new episode is taken, the open one plays to its verdict, and the process exits on its own,
+    0, before the grace period ends (else podman would have killed it: 137)."""
+    grace = manifest("Deployment")["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    folder = root / "resources_servers" / GRIDSIM_NAME
+    mount = ("-v", f"{folder}:/srv/gym:ro", "-e", "GYMHOST_FOLDER=/srv/gym")
+    row, steps = gridsim_play(root)
+    with running(image(), tmp_path, extra=mount) as container:
+        async with EpisodeClient(container.url, token=TOKEN) as episode:
+            await episode.seed(row)
+            stopping = subprocess.Popen([*PODMAN, "stop", "-t", str(grace), container.name], stdout=subprocess.DEVNULL)
+            try:
+                deadline = time.monotonic() + 60
+                while httpx.get(f"{container.url}/readyz").status_code != 503:
+                    assert time.monotonic() < deadline, "readiness never failed after SIGTERM"
+                    time.sleep(0.1)
+                async with EpisodeClient(container.url, token=TOKEN) as late:
+                    with pytest.raises(httpx.HTTPStatusError) as refused:
+                        await late.seed(row)
+                    assert refused.value.response.status_code == 503
+                for step in steps:
+                    assert (await episode.call_tool(step["name"], step["arguments"])).ok
+                verdict = await episode.verify(row, "I am at (1, 1).")
+                assert verdict["reward"] == 1.0, verdict
+                assert stopping.wait(grace + 30) == 0
+            finally:
+                if stopping.poll() is None:
+                    stopping.kill()
+        assert container.exit_code() == 0, container.logs()
