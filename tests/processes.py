@@ -63,9 +63,13 @@ def gymhost_command(*args: str) -> list[str]:
 
 
 def run_to_completion(
-    command: Sequence[str], *, cwd: Path | None = None, timeout: float = 120
+    command: Sequence[str], *, cwd: Path | None = None, timeout: float = 120, env: Mapping[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(command), capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False)
+    """``env``: variables set over this process's own."""
+    environment = {**os.environ, **env} if env is not None else None
+    return subprocess.run(
+        list(command), capture_output=True, text=True, cwd=cwd, timeout=timeout, check=False, env=environment
+    )
 
 
 @contextmanager

@@ -69,6 +69,29 @@ async def test_asgi_module_under_the_servers_own_command_line(
         await _play_rows(url, "example_single_tool_call", folder, gym_version)
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        [sys.executable, "-m", "uvicorn", "asgi:app", "--port", "{port}", "--workers", "2"],
+        [sys.executable, "-m", "hypercorn", "asgi:app", "--bind", "127.0.0.1:{port}", "--workers", "2"],
+        ["{bin}/gunicorn", "-k", "uvicorn.workers.UvicornWorker", "-w", "2", "-b", "127.0.0.1:{port}", "asgi:app"],
+    ],
+    ids=["uvicorn", "hypercorn", "gunicorn"],
+)
+def test_another_servers_workers_refuse_to_start_naming_gymhost_serve_workers(
+    gym_root: Path, command: list[str]
+) -> None:
+    """Their workers share one socket with no regard for which holds an episode, so they would lose episodes: the
+    server stops at start (the workers exit as workers that can never start), saying what works instead."""
+    argv = [part.format(port=free_port(), bin=Path(sys.executable).parent) for part in command]
+    folder = gym_root / "example_single_tool_call"
+    # It stops by itself (uvicorn and hypercorn then exit 0, gunicorn 3): run_to_completion returns.
+    result = run_to_completion(argv, cwd=REPO, env={"GYMHOST_FOLDER": str(folder)}, timeout=120)
+    assert "gymhost: " in result.stderr, result.stderr
+    assert "runs 2 workers of this app" in result.stderr, result.stderr
+    assert "gymhost serve --workers 2" in result.stderr, result.stderr
+
+
 def test_asgi_module_with_a_wrong_folder_exits_with_one_line(tmp_path: Path) -> None:
     result = run_to_completion(
         [sys.executable, "-c", "import os; os.environ['GYMHOST_FOLDER'] = 'no/such/folder'; import asgi"], cwd=REPO

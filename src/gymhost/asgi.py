@@ -19,6 +19,7 @@ from ._config import FOLDER_ENV_VAR, SECRET_ENV_VAR
 from ._exceptions import GymhostError
 from ._hosting._loading import enter_folder, load_app
 from ._hosting._targets import resolve_targets
+from ._serving._foreign_workers import refuse_foreign_workers
 from ._serving._run import freeze_imported_heap
 
 __all__ = ["ENV_VAR", "app"]
@@ -27,6 +28,7 @@ ENV_VAR = FOLDER_ENV_VAR
 
 
 def _app_from_environment() -> object:
+    refuse_foreign_workers()  # `uvicorn asgi:app --workers N` would lose episodes: `gymhost serve --workers N`
     folder = os.environ.get(ENV_VAR, "").strip()
     if not folder:
         raise SystemExit(
@@ -45,11 +47,10 @@ def _app_from_environment() -> object:
 app = _app_from_environment()
 
 if not os.environ.get(SECRET_ENV_VAR):
-    # Under `--workers N` (uvicorn, gunicorn) each worker would make its own random secret and refuse the others'
-    # session cookies: say so where the choice is made.
+    # Replicas forward each other's requests by the sessions they signed; a random secret is this process's alone.
     logging.getLogger("gymhost").warning(
-        "%s is not set: this process signs sessions with a random secret of its own; workers or replicas serving "
-        "the same clients must share one %s",
+        "%s is not set: sessions are signed with a secret made at this start, so replicas behind one load balancer "
+        "cannot forward each other's requests; give every replica the same %s",
         SECRET_ENV_VAR,
         SECRET_ENV_VAR,
     )
