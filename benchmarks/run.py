@@ -531,9 +531,10 @@ def one_hand_off_us(connections: int) -> dict[str, float]:
 
     import itsdangerous
 
-    from gymhost._process._identity import OWNER_KEY, process_state
     from gymhost._serving._accepting import Acceptor
     from gymhost._serving._handoff import HandOffReceiver
+    from gymhost._sessions._identity import process_state
+    from gymhost._sessions._owner import OWNER_KEY
 
     folder = Path(tempfile.mkdtemp(prefix="gymhost-handoff-"))
     process_state.become_worker(0, str(folder))

@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from gymhost._process import _forwarding
-from gymhost._process._forwarding import Forwarded, forward
+from gymhost._sessions import _forwarding
+from gymhost._sessions._forwarding import Forwarded, forward
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 

@@ -19,11 +19,12 @@ import itsdangerous
 import pytest
 from prometheus_client import REGISTRY
 
-from gymhost._process._identity import OWNER_KEY, process_state
-from gymhost._process._signing import _SALT, OwnedSerializer
 from gymhost._serving import _handoff
 from gymhost._serving._accepting import Acceptor
-from gymhost._serving._handoff import HandOffReceiver, head_owner
+from gymhost._serving._handoff import HandOffReceiver
+from gymhost._sessions._identity import process_state
+from gymhost._sessions._owner import OWNER_KEY, head_owner
+from gymhost._sessions._signing import _SALT, OwnedSerializer
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 

@@ -104,7 +104,7 @@ async def test_a_session_in_use_slides_forward(monkeypatch: pytest.MonkeyPatch) 
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from gymhost.middleware.sessions import GymSessionMiddleware
+    from gymhost.middleware import GymSessionMiddleware
 
     async def who(request: Request) -> JSONResponse:
         return JSONResponse(request.session["session_id"])

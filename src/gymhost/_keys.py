@@ -51,7 +51,7 @@ class StateKey[T]:
 
 # The body, read by a layer that needed it (a forward that could not be made), for the layers below to read again.
 BODY: ScopeKey[bytes] = ScopeKey("gymhost.body")
-# Set when the answer is another process's (``_process._forwarding``): its cookie is the owner's, its route unknown.
+# Set when the answer is another process's (``_sessions._forwarding``): its cookie is the owner's, its route unknown.
 FORWARDED: ScopeKey[bool] = ScopeKey("gymhost.forwarded")
 # The path as the client sent it, before a rollout prefix was taken off (a forward sends this one).
 CLIENT_PATH: ScopeKey[bytes] = ScopeKey("gymhost.raw_path")

@@ -121,7 +121,7 @@ def build_app(
 def _build(
     spec: ServerSpec, name: str | None, server_urls: Mapping[str, str] | None, settings: AppSettings, version: str
 ) -> FastAPI:
-    from .._process._signing import secret_mcp_tokens, signing_mcp_tokens_with_secret
+    from .._sessions._signing import secret_mcp_tokens, signing_mcp_tokens_with_secret
     from ..middleware.stack import EpisodeLayers, install_middleware
     from ._entrypoint import find_server_class, import_entrypoint
     from ._folder import referenced_servers

@@ -6,7 +6,7 @@ is the missing piece: a lifespan that runs the lifespans of everything mounted o
 builds a FastAPI app with it, one mount per folder, and a root page listing the servers and their tools.
 
 Each mounted app keeps its sessions to itself: its cookie's path is its prefix and its signature is salted with it
-(``middleware.sessions``), so one client with one cookie jar can play episodes on every mount at once.
+(``_sessions._cookie``), so one client with one cookie jar can play episodes on every mount at once.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Under ``gymhost serve --workers N`` the kernel gives each new connection to whichever worker accepts first, and
 verifiers opens a new connection for every call: (N-1)/N of an episode's calls land on a worker that does not hold
-it. Forwarding them (``_process._forwarding``) costs that worker a whole request (the middleware stack, an httpx
+it. Forwarding them (``_sessions._forwarding``) costs that worker a whole request (the middleware stack, an httpx
 round trip over the owner's Unix socket) and the owner a second parse. Instead, the accepting worker looks at the
 request head without consuming it (``MSG_PEEK``), reads the owner from the session cookie or MCP token, and, when a
 sibling owns it, passes the connection itself to that sibling (``SCM_RIGHTS`` over the sibling's hand-off socket,
@@ -21,77 +21,26 @@ sibling that is gone or whose hand-off socket is full (counted in ``gymhost_hand
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
-from base64 import b64decode
 from collections.abc import Callable
 from typing import Any
 
-from itsdangerous import URLSafeSerializer
-
 from .._logging import RateLimitedWarning
 from .._metrics import handed_off
-from .._process._identity import OWNER_KEY, process_state
-from .._process._signing import TOKEN_HEADER
+from .._sessions._identity import process_state
+from .._sessions._owner import head_owner
 
-__all__ = ["HandOff", "HandOffReceiver", "head_owner"]
+__all__ = ["HandOff", "HandOffReceiver"]
 
 logger = logging.getLogger("gymhost")
 
 _PEEK_BYTES = 16_384  # a request head with Gym's cookie fits in far less; a body beyond it is not read
 _WAIT_S = 1.0  # a connection that has sent nothing yet: how long to wait for its head before serving it here
 _RECEIVE_BATCH = 256  # connections received per wakeup, as the accept loop takes them
-_TOKEN = TOKEN_HEADER.encode()
-_payloads = URLSafeSerializer("")  # only its payload decoding: the owner checks the signature
 _warn = RateLimitedWarning(logger)
 
 Serve = Callable[[socket.socket], None]
-
-
-def head_owner(head: bytes) -> Any:
-    """The owner a POST request's head names (its MCP token first, as ``SessionOwnershipMiddleware`` reads it,
-    then any session cookie), or None: not a POST, not a whole head, or no owner in it."""
-    if not head.startswith(b"POST "):
-        return None
-    end = head.find(b"\r\n\r\n")
-    if end < 0:
-        return None
-    cookies: list[bytes] = []
-    for line in head[:end].split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        name = name.strip().lower()
-        if name == _TOKEN:
-            owner = _token_owner(value.strip())
-            if owner is not None:
-                return owner
-        elif name == b"cookie":
-            cookies.append(value)
-    for header in cookies:
-        for part in header.split(b";"):
-            owner = _cookie_owner(part.partition(b"=")[2].strip().strip(b'"'))
-            if owner is not None:
-                return owner
-    return None
-
-
-def _token_owner(token: bytes) -> Any:
-    with contextlib.suppress(Exception):  # not one of gymhost's tokens: the owner-less request is served here
-        data = _payloads.load_payload(token.rpartition(b".")[0])
-        if isinstance(data, dict):
-            return data.get(OWNER_KEY)
-    return None
-
-
-def _cookie_owner(value: bytes) -> Any:
-    """A session cookie is ``base64(json).timestamp.signature`` (``middleware.sessions``)."""
-    if value.count(b".") < 2:
-        return None
-    with contextlib.suppress(ValueError):
-        data = json.loads(b64decode(value.rsplit(b".", 2)[0]))
-        if isinstance(data, dict):
-            return data.get(OWNER_KEY)
-    return None
 
 
 class HandOff:

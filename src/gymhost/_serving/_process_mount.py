@@ -31,11 +31,11 @@ from starlette.types import Receive, Scope, Send
 
 from .._asgi import answer_json, path_below_mount
 from .._config import PARENT_PID_ENV_VAR, SECRET_ENV_VAR, TOKEN_ENV_VAR, MaskedVerdicts, ServeConfig
+from .._drain import drain
 from .._exceptions import GatewayError
 from .._hosting._operating import OPERATIONS
-from .._process._drain import drain
-from .._process._forwarding import Forwarded, forward
-from .._process._signing import process_secret
+from .._sessions._forwarding import Forwarded, forward
+from .._sessions._signing import process_secret
 
 __all__ = ["ProcessMount", "apart_in_own_venvs"]
 

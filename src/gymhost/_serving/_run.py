@@ -24,11 +24,11 @@ from typing import Any
 import uvicorn
 
 from .._config import SERVERS, ServeConfig
+from .._drain import drain
 from .._exceptions import ServeError
 from .._hosting._lifespan import LifespanRunner
 from .._logging import logging_config
-from .._process._drain import drain
-from .._process._identity import process_state
+from .._sessions._identity import process_state
 from ._accepting import Acceptor, ListenWatch
 from ._handoff import HandOffReceiver
 
@@ -155,7 +155,7 @@ def _run_uvicorn(app: Any, sockets: list[socket.socket], config: ServeConfig, ha
 
 class _DrainingUvicorn(uvicorn.Server):
     """uvicorn's server, with gymhost's own accept loop (``_accepting``: no connection refused in silence) and a
-    drain before its shutdown (``_process._drain``): uvicorn's own graceful shutdown starts when the drain ends; a
+    drain before its shutdown (``_drain``): uvicorn's own graceful shutdown starts when the drain ends; a
     signal the drain does not take stops at once, as uvicorn's second signal does."""
 
     def __init__(self, config: Any, *, drain_timeout: float, backlog: int, hand_off: socket.socket | None) -> None:

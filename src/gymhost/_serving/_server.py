@@ -48,7 +48,7 @@ class Server:
 
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT (a first one drains, a second stops at once)."""
-        from .._process._identity import process_state
+        from .._sessions._identity import process_state
 
         config = self.config
         target = resolve_targets(config.paths, only=config.only)
@@ -142,7 +142,7 @@ class Server:
         from .._hosting._loading import enter_folder, load_app
         from .._logging import logging_config
         from .._nemo_gym import require_nemo_gym
-        from .._process._identity import process_state
+        from .._sessions._identity import process_state
         from ._process_mount import apart_in_own_venvs
         from ._run import run_app, url_of
         from ._workers import serve_workers

@@ -6,7 +6,7 @@ new connection to one of them. Every session names the worker that seeded it, so
 holding its episode whichever worker accepted the connection: the accepting worker hands the connection itself to
 its owner (``_handoff``, over the owner's ``worker-<i>.handoff`` socket), and what cannot be handed over (a
 keep-alive connection's later request for another worker, a head that came in pieces) is forwarded over the owner's
-``worker-<i>.forwards`` socket (``_process._forwarding``).
+``worker-<i>.forwards`` socket (``_sessions._forwarding``).
 
 Why workers that route among themselves rather than a front process routing every request by owner: the kernel's
 spread of connections already balances new episodes, and a hand-off costs the accepting worker a peek and a
@@ -16,10 +16,10 @@ hand-off and the forward).
 The supervisor restarts a worker that dies; the sessions it held are lost, and answered as such (410, or a masked
 ``session_lost`` verdict) by the new worker, whose start differs. SIGTERM or SIGINT reaches every worker, and each
 drains; a second one stops them at once. Workers die with the supervisor, SIGKILL included: the kernel signals them
-when it dies (``PR_SET_PDEATHSIG``, ``_process.follow_parent``) and, their supervisor gone, they stop at once rather
-than drain, so the port is free within seconds for the server an operator starts in its place. Metrics are
-aggregated across workers by prometheus_client's multiprocess mode, in a folder the supervisor makes before any
-metric has a value.
+when it dies (``PR_SET_PDEATHSIG``, ``_sessions._identity``'s ``follow_parent``) and, their supervisor gone, they
+stop at once rather than drain, so the port is free within seconds for the server an operator starts in its place.
+Metrics are aggregated across workers by prometheus_client's multiprocess mode, in a folder the supervisor makes
+before any metric has a value.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 from .._config import SECRET_ENV_VAR, ServeConfig
 from .._exceptions import GymhostError, ServeError
 from .._metrics import share_metrics
-from .._process._identity import process_state
+from .._sessions._identity import process_state
 from ._run import bind_unix_socket
 
 __all__ = ["prepare_workers", "serve_workers"]

@@ -5,12 +5,13 @@
 
 from __future__ import annotations
 
+from .._sessions._cookie import GymSessionMiddleware
+from .._sessions._ownership import SessionOwnershipMiddleware
 from .auth import LIVENESS_PATHS, BearerTokenMiddleware
 from .disconnect import DisconnectCancellationMiddleware
 from .gym_errors import GymErrorsMiddleware
 from .masked_verdicts import MaskedVerdictsMiddleware
 from .request_guard import RequestGuardMiddleware
-from .sessions import GymSessionMiddleware
 from .stack import middleware_stack
 
 __all__ = [
@@ -21,5 +22,6 @@ __all__ = [
     "GymSessionMiddleware",
     "MaskedVerdictsMiddleware",
     "RequestGuardMiddleware",
+    "SessionOwnershipMiddleware",
     "middleware_stack",
 ]

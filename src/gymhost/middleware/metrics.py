@@ -17,7 +17,7 @@ from .._metrics import HTTP_ACTIVE_REQUESTS, HTTP_REQUEST_DURATION, ROOT
 __all__ = ["HttpMetricsMiddleware"]
 
 _UNMATCHED = "(unmatched)"  # a path no route took (a 404): one series, however many such paths there are
-_FORWARDED = "(forwarded)"  # answered by another process (``_process._forwarding``), which counts it too
+_FORWARDED = "(forwarded)"  # answered by another process (``_sessions._forwarding``), which counts it too
 
 
 class HttpMetricsMiddleware:

@@ -20,17 +20,17 @@ from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.middleware.sessions import SessionMiddleware as StarletteSessionMiddleware
 
 from .._config import AppSettings
+from .._drain import DrainingMiddleware
 from .._metrics import EpisodeMetrics
+from .._sessions._cookie import GymSessionMiddleware
+from .._sessions._ownership import SessionOwnershipMiddleware
 from .auth import GATEWAY_LIVENESS_PATHS, LIVENESS_PATHS, BearerTokenMiddleware
 from .disconnect import DisconnectCancellationMiddleware
-from .draining import DrainingMiddleware
 from .gym_errors import GymErrorsMiddleware
 from .masked_verdicts import MaskedVerdictsMiddleware
 from .metrics import HttpMetricsMiddleware
-from .ownership import SessionOwnershipMiddleware
 from .request_guard import RequestGuardMiddleware
 from .rollout import mounted_rollout_middleware
-from .sessions import GymSessionMiddleware
 from .tracking import EpisodeTrackingMiddleware, SessionTracker
 
 __all__ = ["EpisodeLayers", "gateway_stack", "install_middleware", "middleware_stack"]

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._asgi import path_below_mount
 from .._metrics import EpisodeMetrics
-from .sessions import SESSION_ID_KEY
+from .._sessions._cookie import SESSION_ID_KEY
 
 __all__ = ["EpisodeTrackingMiddleware", "SessionTracker"]
 

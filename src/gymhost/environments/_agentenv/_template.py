@@ -38,7 +38,7 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..._process._identity import die_with_parent
+from ..._sessions._identity import die_with_parent
 from .._errors import StartupError
 from ._channel import listen_at, serve_instance
 from ._forking import SPAWNED, TEMPLATE_READY

@@ -21,16 +21,13 @@ import socket
 from typing import Any
 
 from .._config import REPLICA_ENV_VAR
+from ._owner import Owner
 
-__all__ = ["OWNER_KEY", "Owner", "ProcessState", "die_with_parent", "process_state"]
+__all__ = ["Owner", "ProcessState", "die_with_parent", "process_state"]
 
-# {"replica": id, "worker": index, "start": this start's nonce, "url": where the replica listens, if it said}: stamped
-# into sessions and MCP tokens.
-Owner = dict[str, Any]
 Target = tuple[str, str]  # ("worker", a sibling worker's Unix socket path) or ("replica", another replica's URL)
 WORKER_ENV_VAR = "GYMHOST_WORKER"  # index of this worker among the replica's (set by the supervisor, ``_workers``)
 WORKERS_DIR_ENV_VAR = "GYMHOST_WORKERS_DIR"  # where each worker listens: worker-<i>.forwards, worker-<i>.handoff
-OWNER_KEY = "gymhost_owner"  # where a session cookie and an MCP token carry their owner
 _PR_SET_PDEATHSIG = 1
 
 

@@ -33,8 +33,9 @@ from starlette.middleware.sessions import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._keys import FORWARDED
-from .._process._identity import OWNER_KEY, process_state
-from .._process._signing import process_secret
+from ._identity import process_state
+from ._owner import is_stamp_only, stamp
+from ._signing import process_secret
 
 __all__ = ["SESSION_ID_KEY", "GymSessionMiddleware"]
 
@@ -79,7 +80,7 @@ class GymSessionMiddleware:
         session = Session(self._decode(payload))
         if SESSION_ID_KEY not in session:
             session[SESSION_ID_KEY] = str(uuid4())
-            session[OWNER_KEY] = process_state.owner()
+            stamp(session, process_state.owner())
         scope["session"] = session
         cookie_path = mount or "/"
 
@@ -88,7 +89,7 @@ class GymSessionMiddleware:
                 # (a forwarded request's answer carries its owner's cookie, not this process's)
                 current: dict[str, Any] = scope["session"]
                 cookie = None
-                if current.keys() - {OWNER_KEY}:  # the owner alone is no session: the handler cleared it
+                if not is_stamp_only(current):  # the owner alone is no session: the handler cleared it
                     encoded = json.dumps(current)
                     if raw is not None and encoded == payload and self._fresh(signed_at):
                         value = raw  # unchanged (compared as JSON, so changes inside nested values count)

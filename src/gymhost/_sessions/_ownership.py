@@ -1,8 +1,8 @@
 """Which episode requests this process serves: its own sessions; another's go to their owner, or are refused as lost.
 
-Every session and MCP token gymhost signs names the process that made it (``_process._identity``: a replica id, a
+Every session and MCP token gymhost signs names the process that made it (``_sessions._identity``: a replica id, a
 worker index and this start of it). A request for a sibling worker's session, or for the session of another replica
-that said where it listens, is forwarded there (``_process._forwarding``) and answered by its owner. One whose owner
+that said where it listens, is forwarded there (``_sessions._forwarding``) and answered by its owner. One whose owner
 is gone (restarted since, or unreachable, or a replica that never said where it is) reaches a process that never had
 the episode; served, it would play or grade a session that process has never seen, and a Gym server's ``/verify``
 would answer a genuine-looking ``reward: 0.0`` for an episode the infrastructure lost. Instead, following the
@@ -32,11 +32,12 @@ from .._asgi import answer_json, path_below_mount, read_body, replay
 from .._keys import BODY
 from .._metrics import EpisodeMetrics
 from .._nemo_gym import SESSION_LOST
-from .._process._forwarding import Forwarded, forward, may_forward
-from .._process._identity import OWNER_KEY, process_state
-from .._process._signing import TOKEN_HEADER, token_owner
-from .masked_verdicts import VERDICT_FIELDS
-from .sessions import SESSION_ID_KEY
+from ..middleware.masked_verdicts import VERDICT_FIELDS
+from ._cookie import SESSION_ID_KEY
+from ._forwarding import Forwarded, forward, may_forward
+from ._identity import process_state
+from ._owner import TOKEN_HEADER, owner_of, stamp
+from ._signing import token_owner
 
 __all__ = ["SessionOwnershipMiddleware"]
 
@@ -74,8 +75,8 @@ class SessionOwnershipMiddleware:
                     await self._gone(scope, receive, send, owner)
                 return
         session = scope.get("session")
-        if session is not None and path not in _SESSION_FREE and not process_state.is_mine(session.get(OWNER_KEY)):
-            owner = session.get(OWNER_KEY)
+        if session is not None and path not in _SESSION_FREE and not process_state.is_mine(owner_of(session)):
+            owner = owner_of(session)
             outcome = await self._forward(scope, receive, send, owner)
             if outcome is Forwarded.ANSWERED:
                 return  # its owner answered (a repeated seed included: that is the owner's to judge)
@@ -90,7 +91,7 @@ class SessionOwnershipMiddleware:
                 receive = replay(body)
             session.clear()  # a new episode here, in a session of its own
             session[SESSION_ID_KEY] = str(uuid.uuid4())
-            session[OWNER_KEY] = process_state.owner()
+            stamp(session, process_state.owner())
         await self.app(scope, receive, send)
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send, owner: Any) -> Forwarded:

@@ -2,12 +2,16 @@
 
 The first SIGTERM or SIGINT drains (``Drain.signalled`` decides, for uvicorn's and hypercorn's signal handling
 alike): the process is marked draining, so every app's readiness says so (``_hosting._operating``, with
-``NOT_READY``) and a seed is refused 503 (``middleware.draining``, with ``REFUSAL``) while open episodes go on;
+``NOT_READY``) and a seed is refused 503 (``DrainingMiddleware`` below, with ``REFUSAL``) while open episodes go on;
 ``wait`` returns once the process's open episodes have ended, or ``drain_timeout`` has passed, and the ASGI server
 then shuts down gracefully. A second signal stops at once, and so does the first in a process whose parent has died
 (a worker whose supervisor was killed): nobody is left to drain for, and the operator restarting the server wants
 the port free. Each app registers what it counts as open (``count_open``); a worker also waits for its siblings'
 episodes, whose requests it may be accepting and forwarding.
+
+``DrainingMiddleware`` is the drain at an app's door: while the process drains, a seed (or a Gymnasium-style reset)
+answers 503 with ``Retry-After`` and ``failure_kind: provider_unavailable``, so a load balancer or client takes the
+episode elsewhere; open episodes go on.
 """
 
 from __future__ import annotations
@@ -16,14 +20,17 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Final
 
-from .._metrics import open_episodes_of_all_workers
-from .._nemo_gym import PROVIDER_UNAVAILABLE
-from ._identity import process_state
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["NOT_READY", "REFUSAL", "Drain", "drain"]
+from ._asgi import answer_json, path_below_mount
+from ._metrics import open_episodes_of_all_workers
+from ._nemo_gym import PROVIDER_UNAVAILABLE
+from ._sessions._identity import process_state
+
+__all__ = ["NOT_READY", "REFUSAL", "Drain", "DrainingMiddleware", "drain"]
 
 logger = logging.getLogger("gymhost")
 
@@ -96,3 +103,16 @@ class Drain:
 
 
 drain = Drain()
+
+
+class DrainingMiddleware:
+    def __init__(self, app: ASGIApp, *, starts: Collection[str]) -> None:
+        self.app = app
+        self.starts = frozenset(starts)  # the POST paths that start an episode
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        http = scope["type"] == "http" and scope["method"] == "POST"
+        if drain.draining and http and path_below_mount(scope) in self.starts:
+            await answer_json(scope, receive, send, 503, REFUSAL, {"Retry-After": "5"})
+            return
+        await self.app(scope, receive, send)

@@ -1,14 +1,14 @@
 """What this process signs with, and the MCP session tokens it signs.
 
 The secret: ``GYMHOST_SECRET`` when set, else a random secret made once per process; session cookies
-(``middleware.sessions``) and MCP tokens are signed with it. Several workers or replicas serving the same clients
+(``_sessions._cookie``) and MCP tokens are signed with it. Several workers or replicas serving the same clients
 must share ``GYMHOST_SECRET``, or each refuses the others' cookies and tokens.
 
 MCP session tokens: nemo-gym signs the token of an MCP session with the server's public ``<Class>___<name>``, so
 anyone can forge one. gymhost signs them with a key derived from the secret and that string (``server_secret``): a
 token of one server is no token at another, and nobody can make one up. Each token also carries the process that
 minted it (``_identity``): a token that reaches another replica, or this one after a restart, is refused as a lost
-session (``middleware.ownership``) instead of naming a session that process never had. Gym's code sees the payload it
+session (``_sessions._ownership``) instead of naming a session that process never had. Gym's code sees the payload it
 signed, unchanged: the owner travels in an envelope around it. nemo-gym 0.4.0 keeps the serializer on the
 class-based MCP server (``_mcp_token_serializer``); 0.5+'s auto-exposure builds one when it is installed, from
 ``get_session_middleware_key()`` and ``URLSafeSerializer``.
@@ -27,7 +27,8 @@ from typing import Any
 from itsdangerous import URLSafeSerializer
 
 from .._config import SECRET_ENV_VAR
-from ._identity import OWNER_KEY, process_state
+from ._identity import process_state
+from ._owner import OWNER_KEY, TOKEN_HEADER, owner_of, stamp
 
 __all__ = [
     "TOKEN_HEADER",
@@ -59,7 +60,6 @@ def server_secret(server_key: str) -> str:
     return hmac.new(process_secret().encode(), server_key.encode(), hashlib.sha256).hexdigest()
 
 
-TOKEN_HEADER = "x-nemo-gym-session-token"  # nemo_gym.base_resources_server.NEMO_GYM_MCP_SESSION_TOKEN_HEADER
 _SALT = "nemo-gym-mcp-session-token"  # nemo_gym.base_resources_server._MCP_TOKEN_SALT
 _PAYLOAD = "payload"
 
@@ -68,7 +68,9 @@ class OwnedSerializer(URLSafeSerializer):
     """Gym's token serializer, with the minting process's owner stamp around the payload."""
 
     def dumps(self, obj: Any, salt: Any = None) -> Any:
-        return super().dumps({OWNER_KEY: process_state.owner(), _PAYLOAD: obj}, salt)
+        envelope: dict[str, Any] = {_PAYLOAD: obj}
+        stamp(envelope, process_state.owner())
+        return super().dumps(envelope, salt)
 
     def loads(self, s: Any, salt: Any = None, **kwargs: Any) -> Any:
         data = super().loads(s, salt, **kwargs)
@@ -81,7 +83,7 @@ def token_owner(server_key: str, token: str) -> tuple[bool, Any]:
         data = URLSafeSerializer(server_secret(server_key), salt=_SALT).loads(token)
     except Exception:  # a forged or garbled token: Gym's own check answers it
         return False, None
-    return True, data.get(OWNER_KEY) if isinstance(data, dict) else None
+    return True, owner_of(data)
 
 
 def secret_mcp_tokens(server: Any) -> None:

@@ -1,2 +1,0 @@
-"""What one gymhost process is, whatever it serves: its identity, its signing secret, its drain, and forwarding to the
-process that owns a session."""
