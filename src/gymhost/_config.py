@@ -4,22 +4,30 @@ Like httpx's ``_config.py`` and uvicorn's ``Config``: the values live here, the 
 defaults, and the modules below receive one settings object instead of keeping defaults of their own: ``AppSettings``
 for what an app guards and measures (``create_app``, ``create_gateway``, the middleware stack), ``ServeConfig`` for
 how ``gymhost serve`` runs it. The environments' settings have their own home, ``gymhost.environments._settings``.
+
+The ``GYMHOST_*`` environment variables are read here and nowhere else (one function each, below the names), so what
+the environment can change is one list. The one exception is agent-env's app script, which runs in agent-env's venv
+and imports nothing of gymhost (``environments/_openenv/_agent_env_app.py``).
 """
 
 from __future__ import annotations
 
 import enum
 import os
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final, Literal
 
 from ._exceptions import ServeError
 
 __all__ = [
+    "AGENT_ENV_PYTHON_ENV_VAR",
     "DEFAULT_HOST",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JSON_DEPTH",
+    "DRAIN_TIMEOUT_ENV_VAR",
     "FOLDER_ENV_VAR",
     "MASKED_VERDICTS",
     "MASKED_VERDICTS_ENV_VAR",
@@ -29,13 +37,21 @@ __all__ = [
     "SECRET_ENV_VAR",
     "SERVERS",
     "TOKEN_ENV_VAR",
+    "VENV_DIR_ENV_VAR",
     "AppSettings",
     "MaskedVerdicts",
     "NoToken",
     "ServeConfig",
     "ServerName",
+    "configured_agent_env_python",
+    "configured_folder",
+    "configured_replica_id",
+    "configured_secret",
     "resolve_masked_verdicts",
     "resolve_token",
+    "share_secret_with_children",
+    "take_parent_pid",
+    "venv_root",
 ]
 
 DEFAULT_HOST: Final = "127.0.0.1"  # loopback: listening beyond it is a choice, made with a token
@@ -48,6 +64,49 @@ SECRET_ENV_VAR: Final = "GYMHOST_SECRET"
 FOLDER_ENV_VAR: Final = "GYMHOST_FOLDER"
 PARENT_PID_ENV_VAR: Final = "GYMHOST_PARENT_PID"  # a gymhost process another one started dies with it
 MASKED_VERDICTS_ENV_VAR: Final = "GYMHOST_MASKED_VERDICTS"
+DRAIN_TIMEOUT_ENV_VAR: Final = "GYMHOST_DRAIN_TIMEOUT"
+VENV_DIR_ENV_VAR: Final = "GYMHOST_VENV_DIR"  # where folders' own venvs are kept (default ~/.cache/gymhost/venvs)
+AGENT_ENV_PYTHON_ENV_VAR: Final = "GYMHOST_AGENT_ENV_PYTHON"  # the interpreter with agentenv-framework[openenv]
+
+
+def configured_secret() -> str | None:
+    """``GYMHOST_SECRET``: what sessions and MCP tokens are signed with (None: unset or empty)."""
+    return os.environ.get(SECRET_ENV_VAR) or None
+
+
+def share_secret_with_children() -> None:
+    """Before forking workers: one secret they all sign with (each one's own would refuse its siblings' cookies),
+    made now unless the operator gave one, and gone with them."""
+    if configured_secret() is None:
+        os.environ[SECRET_ENV_VAR] = secrets.token_urlsafe(32)
+
+
+def configured_replica_id() -> str | None:
+    """``GYMHOST_REPLICA_ID``: this replica's name in the sessions it signs."""
+    return os.environ.get(REPLICA_ENV_VAR) or None
+
+
+def configured_folder() -> str:
+    """``GYMHOST_FOLDER``: what ``asgi:app`` serves ("" when unset)."""
+    return os.environ.get(FOLDER_ENV_VAR, "").strip()
+
+
+def take_parent_pid() -> int | None:
+    """``GYMHOST_PARENT_PID``, removed from the environment once read: the gymhost process that started this one (a
+    gateway's process mount), which this one dies with; its own children are not that parent's."""
+    parent = os.environ.pop(PARENT_PID_ENV_VAR, None)
+    return int(parent) if parent else None
+
+
+def venv_root() -> Path:
+    """Where folders' own venvs are kept: ``GYMHOST_VENV_DIR``, else ``~/.cache/gymhost/venvs``."""
+    return Path(os.environ.get(VENV_DIR_ENV_VAR) or Path.home() / ".cache" / "gymhost" / "venvs")
+
+
+def configured_agent_env_python() -> str | None:
+    """``GYMHOST_AGENT_ENV_PYTHON``: the interpreter that runs agent-env's app, when the command line names none."""
+    return os.environ.get(AGENT_ENV_PYTHON_ENV_VAR) or None
+
 
 # How a masked verdict (``mask_sample: true``: the infrastructure or the environment lost the episode) reaches the
 # client (``middleware.masked_verdicts``). ``refuse``: an HTTP error naming the failure, which every client fails the

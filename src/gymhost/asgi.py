@@ -13,9 +13,8 @@ importing this module, and a traceback through its importer would bury the messa
 from __future__ import annotations
 
 import logging
-import os
 
-from ._config import FOLDER_ENV_VAR, SECRET_ENV_VAR
+from ._config import FOLDER_ENV_VAR, SECRET_ENV_VAR, configured_folder, configured_secret
 from ._exceptions import GymhostError
 from ._hosting._loading import enter_folder, load_app
 from ._hosting._targets import resolve_targets
@@ -29,7 +28,7 @@ ENV_VAR = FOLDER_ENV_VAR
 
 def _app_from_environment() -> object:
     refuse_foreign_workers()  # `uvicorn asgi:app --workers N` would lose episodes: `gymhost serve --workers N`
-    folder = os.environ.get(ENV_VAR, "").strip()
+    folder = configured_folder()
     if not folder:
         raise SystemExit(
             f"gymhost: {ENV_VAR} is not set; set it to a resources-server folder, "
@@ -46,7 +45,7 @@ def _app_from_environment() -> object:
 
 app = _app_from_environment()
 
-if not os.environ.get(SECRET_ENV_VAR):
+if configured_secret() is None:
     # Replicas forward each other's requests by the sessions they signed; a random secret is this process's alone.
     logging.getLogger("gymhost").warning(
         "%s is not set: sessions are signed with a secret made at this start, so replicas behind one load balancer "

@@ -18,7 +18,6 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -30,14 +29,14 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
+from .._config import venv_root
 from .._exceptions import ServeError
 from ._requirements import requirements_of
 
-__all__ = ["VENV_DIR_ENV_VAR", "folder_venv", "gymhost_dependency", "gymhost_requirement", "unmet_requirements"]
+__all__ = ["folder_venv", "gymhost_dependency", "gymhost_requirement", "unmet_requirements"]
 
 logger = logging.getLogger("gymhost")
 
-VENV_DIR_ENV_VAR = "GYMHOST_VENV_DIR"  # where the venvs are kept; default ~/.cache/gymhost/venvs
 _BUILT = ".gymhost-venv.json"  # written last: a venv without it is a build that did not finish
 # Gym's requirements.txt names nemo-gym relative to its checkout (`-e nemo-gym[dev] @ ../../`): here it is the
 # nemo-gym installed in this environment, with the extras that line asks for.
@@ -85,7 +84,7 @@ def folder_venv(folder: Path) -> Path:
     """The Python of the folder's own venv, built first if there is none yet."""
     requirements = _requirements(folder)
     key = hashlib.sha256("\n".join([sys.version, sys.executable, *requirements]).encode()).hexdigest()[:16]
-    venvs = Path(os.environ.get(VENV_DIR_ENV_VAR) or Path.home() / ".cache" / "gymhost" / "venvs")
+    venvs = venv_root()
     venv = venvs / f"{folder.name}-{key}"
     python = venv / "bin" / "python"
     venvs.mkdir(parents=True, exist_ok=True)

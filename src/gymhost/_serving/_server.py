@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._config import PARENT_PID_ENV_VAR, ServeConfig
+from .._config import ServeConfig, take_parent_pid
 from .._exceptions import ServeError
 from .._hosting._targets import Target, resolve_targets
 from .._keys import MOUNT
@@ -56,9 +56,9 @@ class Server:
             raise ServeError("--name, --config-key and --set apply to one server's folder, not to several")
         if target.folder is not None:
             self._check_requirements(target.folder)
-        parent = os.environ.pop(PARENT_PID_ENV_VAR, None)
+        parent = take_parent_pid()
         if parent is not None:  # another gymhost process started this one (a gateway's process mount): die with it
-            process_state.follow_parent(int(parent))
+            process_state.follow_parent(parent)
         workers_folder = self._prepare_workers(target)
         if config.uds is None and config.app.token is None and not _is_loopback(config.host):
             if not config.no_token:

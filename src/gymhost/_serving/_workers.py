@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -39,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._config import SECRET_ENV_VAR, ServeConfig
+from .._config import ServeConfig, share_secret_with_children
 from .._exceptions import GymhostError, ServeError
 from .._metrics import share_metrics
 from .._sessions._identity import process_state
@@ -58,8 +57,7 @@ def prepare_workers() -> Path:
     secret for all of them (each worker's own random secret would refuse its siblings' cookies)."""
     folder = Path(tempfile.mkdtemp(prefix="gymhost-workers-"))
     share_metrics(folder / "metrics")
-    if not os.environ.get(SECRET_ENV_VAR):
-        os.environ[SECRET_ENV_VAR] = secrets.token_urlsafe(32)  # shared by the workers, gone with them
+    share_secret_with_children()
     return folder
 
 

@@ -20,14 +20,12 @@ import signal
 import socket
 from typing import Any
 
-from .._config import REPLICA_ENV_VAR
+from .._config import configured_replica_id
 from ._owner import Owner
 
 __all__ = ["Owner", "ProcessState", "die_with_parent", "process_state"]
 
 Target = tuple[str, str]  # ("worker", a sibling worker's Unix socket path) or ("replica", another replica's URL)
-WORKER_ENV_VAR = "GYMHOST_WORKER"  # index of this worker among the replica's (set by the supervisor, ``_workers``)
-WORKERS_DIR_ENV_VAR = "GYMHOST_WORKERS_DIR"  # where each worker listens: worker-<i>.forwards, worker-<i>.handoff
 _PR_SET_PDEATHSIG = 1
 
 
@@ -39,9 +37,9 @@ def die_with_parent(signum: int) -> None:
 class ProcessState:
     def __init__(self) -> None:
         self.start = secrets.token_hex(4)  # differs between two starts of a replica with the same id
-        self.replica = os.environ.get(REPLICA_ENV_VAR) or f"{socket.gethostname()}:{os.getpid()}"
-        self.worker = int(os.environ.get(WORKER_ENV_VAR, "0"))
-        self.workers_dir = os.environ.get(WORKERS_DIR_ENV_VAR) or None
+        self.replica = configured_replica_id() or f"{socket.gethostname()}:{os.getpid()}"
+        self.worker = 0  # a worker's index among the replica's (``become_worker``)
+        self.workers_dir: str | None = None  # where each worker listens: worker-<i>.forwards, worker-<i>.handoff
         self.advertise_url: str | None = None
         self.parent: int | None = None  # the gymhost process this one dies with, if another started it
 
@@ -64,8 +62,8 @@ class ProcessState:
         self.advertise_url = advertise_url.rstrip("/") if advertise_url else None
         if replica:
             self.replica = replica
-        elif os.environ.get(REPLICA_ENV_VAR):
-            self.replica = os.environ[REPLICA_ENV_VAR]
+        elif configured_replica_id():
+            self.replica = str(configured_replica_id())
         elif port is not None:
             self.replica = f"{socket.gethostname()}:{port}"
 

@@ -19,14 +19,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
-import os
 import secrets
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from itsdangerous import URLSafeSerializer
 
-from .._config import SECRET_ENV_VAR
+from .._config import configured_secret
 from ._identity import process_state
 from ._owner import OWNER_KEY, TOKEN_HEADER, owner_of, stamp
 
@@ -46,7 +45,7 @@ _random_secret: str | None = None
 def process_secret() -> str:
     """``GYMHOST_SECRET``, else a random secret made on first use and kept for the life of the process."""
     global _random_secret
-    configured = os.environ.get(SECRET_ENV_VAR)
+    configured = configured_secret()
     if configured:
         return configured
     if _random_secret is None:

@@ -8,6 +8,7 @@ import click
 
 from .._config import (
     DEFAULT_MAX_BODY_BYTES,
+    DRAIN_TIMEOUT_ENV_VAR,
     FOLDER_ENV_VAR,
     MASKED_VERDICTS,
     MASKED_VERDICTS_ENV_VAR,
@@ -98,7 +99,7 @@ __all__ = ["serve"]
 )
 @click.option(
     "--drain-timeout",
-    envvar="GYMHOST_DRAIN_TIMEOUT",
+    envvar=DRAIN_TIMEOUT_ENV_VAR,
     show_envvar=True,
     default=ServeConfig.drain_timeout,
     show_default=True,

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from ..._config import AGENT_ENV_PYTHON_ENV_VAR, PARENT_PID_ENV_VAR, configured_agent_env_python
 from .._backend import Instance, forever
 from .._errors import SourceError, StartupError
 from .._settings import PoolSettings
@@ -35,7 +36,6 @@ from ._client import OpenEnvClient, OpenEnvLauncher
 from ._task_api import TaskApi
 
 __all__ = [
-    "PYTHON_ENV_VAR",
     "AgentEnvApp",
     "AgentEnvLauncher",
     "agent_env_python",
@@ -45,7 +45,6 @@ __all__ = [
 
 logger = logging.getLogger("gymhost.environments")
 
-PYTHON_ENV_VAR = "GYMHOST_AGENT_ENV_PYTHON"  # the interpreter with agentenv-framework[openenv], when not given
 _RUNNER = Path(__file__).with_name("_agent_env_app.py")
 _URL = "http://agent-env.local"  # the app is reached on its socket; the host only names it in messages
 _STOP_GRACE_S = 12.0  # the runner's own grace (10 s), and a little more
@@ -61,13 +60,14 @@ def is_agent_env_bundle(folder: Path) -> bool:
 def agent_env_python(given: str | None) -> str:
     """The interpreter that runs agent-env's app: ``given``, else ``GYMHOST_AGENT_ENV_PYTHON``, else this one when
     agent-env is installed beside gymhost."""
-    python = given or os.environ.get(PYTHON_ENV_VAR)
+    python = given or configured_agent_env_python()
     if python is None and importlib.util.find_spec("agent_env") is not None:
         python = sys.executable
     if python is None:
         raise SourceError(
             "an agent-env bundle is served by agent-env's own OpenEnv app, in a venv with agentenv-framework[openenv] "
-            f"(its dependencies conflict with nemo-gym's): name that venv's Python with --python or {PYTHON_ENV_VAR}"
+            "(its dependencies conflict with nemo-gym's): name that venv's Python with --python or "
+            f"{AGENT_ENV_PYTHON_ENV_VAR}"
         )
     found = shutil.which(python)
     if found is None:
@@ -99,7 +99,7 @@ class AgentEnvApp:
         log = (folder / "app.log").open("wb") if quiet else None
         environment = {
             **os.environ,
-            "GYMHOST_PARENT_PID": str(os.getpid()),
+            PARENT_PID_ENV_VAR: str(os.getpid()),
             "XDG_STATE_HOME": str(folder / "state"),  # agent-env's stores: every episode is recorded there
             "AGENT_ENV_LOCAL_SANDBOX_DIR": str(folder / "sandboxes"),
             "PYTHONUNBUFFERED": "1",
