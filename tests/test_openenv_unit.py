@@ -15,15 +15,9 @@ from gymhost.environments._catalog import check_tasks
 from gymhost.environments._errors import EnvFailedError
 from gymhost.environments._grading import evaluate
 from gymhost.environments._openenv._backends import OPENENV
-from gymhost.environments._openenv._client import (
-    OpenEnvClient,
-    OpenEnvLauncher,
-    _observation_result,
-    _Tally,
-    environment_error,
-    openenv_catalog,
-)
+from gymhost.environments._openenv._client import OpenEnvClient, OpenEnvLauncher, _observation_result
 from gymhost.environments._openenv._tasks import _converted
+from gymhost.environments._openenv._wire import Tally, environment_error, openenv_catalog
 from gymhost.environments._outcomes import classify
 from gymhost.environments._settings import PoolSettings
 
@@ -112,7 +106,7 @@ async def test_reference_solutions_are_read_in_either_spelling_or_left_out() -> 
     ],
 )
 def test_a_step_is_the_text_the_model_sees(observation: dict[str, Any], text: str, is_error: bool) -> None:
-    result = _observation_result(observation, _Tally())
+    result = _observation_result(observation, Tally())
     assert (result.text, result.isError) == (text, is_error)
 
 
@@ -164,7 +158,7 @@ def test_an_observation_that_reports_an_error_is_the_environments_failure(
 def test_a_result_that_opens_the_next_turn_is_its_prompt() -> None:
     """agent-env's end_turn answers the next turn's prompt (and system prompt) as its result: the model sees the
     prompt, and the system prompt when the turn changes it."""
-    tally = _Tally(system_prompt="Be brief.")
+    tally = Tally(system_prompt="Be brief.")
     same = _observation_result({"result": {"prompt": "And now in German?", "system_prompt": "Be brief."}}, tally)
     assert (same.text, same.isError) == ("And now in German?", False)
     other = _observation_result({"result": {"prompt": "Now explain.", "system_prompt": "Be thorough."}}, tally)

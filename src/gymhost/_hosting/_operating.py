@@ -8,7 +8,7 @@
   liveness: the process answers.
 - ``GET /metrics``: the Prometheus exposition of the app's series (its mount's) and the process's (``_metrics``).
 - episode metrics and the open-episode count a drain waits for: a written server keeps its own (it has the methods
-  of ``EpisodeSource``); any other server's sessions are followed from outside (``_sessions._ownership``).
+  of ``EpisodeSource``); any other server's sessions are followed from outside (``middleware.tracking``).
 - its gauges refreshed every second while it runs (for the workers that read each other's) and at every scrape.
 
 Under a gateway, the gateway says where each app is mounted before their lifespans start, so their series carry

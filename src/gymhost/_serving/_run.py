@@ -41,8 +41,9 @@ def freeze_imported_heap() -> None:
     """Move everything alive now out of the garbage collector's sight, once the app is built.
 
     What the imports created (nemo-gym imports Ray, MLflow, OpenAI and more: millions of objects) lives as long as
-    the server; frozen, the collector stops walking it on every collection, which took p99 latency from hundreds to
-    tens of ms. ``gymhost serve`` and ``asgi.py`` both call this after building their app.
+    the server; frozen, the collector stops walking it on every collection, which dominated the tail latency
+    (benchmarks/README.md, "What made it fast"). ``gymhost serve`` and ``asgi.py`` both call this after building
+    their app.
     """
     gc.collect()
     gc.freeze()

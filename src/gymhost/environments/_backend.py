@@ -10,7 +10,7 @@ machine seeds it, calls its tools and grades it. How an instance is reached is a
 - ``Launcher``: brings one instance up and takes it down, and says when one ended by itself; the pool decides when.
 - ``InstanceClient``: what the pool and an episode ask of one instance. The pool: what the environment offers
   (``describe``, a ``Catalog``), a clean slate between episodes (``clear``), its state for the pool view. An
-  episode (``EpisodeClient``'s part): begin the task, a ``ToolSession`` for the model's calls, a grade.
+  episode (``EnvironmentClient``'s part): begin the task, a ``ToolSession`` for the model's calls, a grade.
 
 The pool (``_pool.Pool``) and the episodes (``_episodes.Episodes``) see only these; ``InstancePool`` is what the
 episodes need of the pool, so the unit tests can give them a fake one.

@@ -43,7 +43,7 @@ _RESOURCES_FLOW = hasattr(gym, "ResourcesSeedSessionRequest")
 
 class AgentEnvResourcesServerConfig(gym.BaseResourcesServerConfig, PoolFields, EpisodeFields):  # type: ignore[misc]
     """A written server's config block: Gym's fields, the environment and its source, and the limits (declared, with
-    their defaults, in ``_config``)."""
+    their defaults, in ``_settings``)."""
 
     environment: str = Field(description="The environment card's name; startup refuses any other environment.")
     source: SourceConfig

@@ -61,8 +61,7 @@ def write_folder(
 
     ``instances`` (a bundle's or an OpenEnv server's): ``K`` for a fixed pool of K, ``"MIN:MAX"`` for a pool that
     grows on demand and shrinks when idle, None for the source kind's default (``Backend.default_instances``).
-    ``prompt_field``: where an
-    OpenEnv server's tasks keep their prompts (``_openenv_tasks``).
+    ``prompt_field``: where an OpenEnv server's tasks keep their prompts (``_openenv._tasks``).
 
     Synchronous; from async code, ``await awrite_folder(...)`` with the same arguments.
     """

@@ -85,9 +85,9 @@ class BundleBackend(_AgentEnvProtocol):
     kind = "bundle"
     # A training run keeps hundreds of episodes open, each holding its instance while the model thinks, so the pool
     # grows on demand. Process mode: instances are forked from a template that imported the environment once, each
-    # with memory of its own (benchmarks/README.md measures it), so 256 of them leave room on the 24 GiB machines this
-    # is tested on for environments heavier than gridsim; past that, seeds wait for releases. In-process, an idle
-    # instance costs little memory and the bound is CPU: 512.
+    # with memory of its own, so the bound leaves room for environments heavier than gridsim (benchmarks/README.md
+    # measures an instance's memory); past it, seeds wait for releases. In-process, an idle instance costs little
+    # memory and the bound is CPU.
     default_instances: ClassVar[Mapping[str, tuple[int, int]]] = {
         "process": (DEFAULT_MINIMUM, 256),
         "in_process": (DEFAULT_MINIMUM, 512),

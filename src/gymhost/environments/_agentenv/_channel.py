@@ -47,10 +47,8 @@ logger = logging.getLogger("gymhost.environments")
 
 _HEADER = struct.Struct(">I")
 _MAX_FRAME = 256 * 1024 * 1024  # a tool result can be large (a file, a screenshot); past this, the peer is broken
-_MARGIN_S = 1.0
-_ANY_CATALOG = Catalog(
-    ""
-)  # the instance times its own tool calls out; the server waits this much longer before it does
+_MARGIN_S = 1.0  # the instance times its own tool calls out; the server waits this much longer before it does
+_ANY_CATALOG = Catalog("")  # the catalog an instance process opens its own tool sessions with (they are direct)
 
 
 class _Framed(asyncio.Protocol):

@@ -1,17 +1,13 @@
 """OpenEnv environments (PyPI ``openenv``), as gymhost plays episodes on them: over ``/ws``.
 
-With ``_task_api`` (the HTTP side), this is the only code that speaks OpenEnv on the wire, checked against ``openenv``
-0.10.0. A written server's pool holds OpenEnv *sessions*: an instance is the right to keep one session open on the
-server (whose ``max_concurrent_envs`` bounds them), and each Gym episode is one session, a WebSocket of its own:
-``begin`` opens it and sends OpenEnv's ``reset`` with the task's ``seed.reset`` (its split and index), each tool call
-is a ``call_tool`` step, grading reads the rewards the steps carried, and the pool's ``clear`` on release sends
-``close``.
-A session per episode, as OpenEnv means it, gives every episode a fresh environment object on the server.
-
-The wire, in short: one JSON text frame in, one out (``close`` gets none: the server closes the socket once it has
-freed the session's slot). Errors come as ``{"type": "error", "data": {"message", "code"}}`` and keep the session
-open, except ``CAPACITY_REACHED``, which the server sends right after the upgrade and then closes. gymhost talks
-with ``websockets`` and httpx; the ``openenv`` package itself (hundreds of MB with gradio) is never imported.
+With ``_wire`` (one session's frames, errors and rewards) and ``_task_api`` (the HTTP side), this is the only code
+that speaks OpenEnv, checked against ``openenv`` 0.10.0. A written server's pool holds OpenEnv *sessions*: an
+instance is the right to keep one session open on the server (whose ``max_concurrent_envs`` bounds them), and each
+Gym episode is one session, a WebSocket of its own: ``begin`` opens it and sends OpenEnv's ``reset`` with the task's
+``seed.reset`` (its split and index), each tool call is a ``call_tool`` step, grading reads the rewards the steps
+carried, and the pool's ``clear`` on release sends ``close``. A session per episode, as OpenEnv means it, gives every
+episode a fresh environment object on the server. gymhost talks with ``websockets`` and httpx; the ``openenv``
+package itself (hundreds of MB with gradio) is never imported.
 
 The reward is the one Gym's own OpenEnv adapter gives: the sum of the rewards of the reset and of every step (a
 null reward counts nothing). Once a step says ``done``, further tool calls are refused as the model's error, as that
@@ -21,14 +17,12 @@ adapter does.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 from agentenv_protocol import ToolResult
-from websockets.asyncio.client import ClientConnection, connect, unix_connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake
+from websockets.asyncio.client import connect, unix_connect
+from websockets.exceptions import InvalidHandshake
 
 from .._backend import Catalog, Instance, ToolSession, forever
 from .._errors import (
@@ -44,117 +38,23 @@ from .._grading import Outcome, evaluate
 from .._outcomes import NO_REWARD, UNREACHABLE
 from .._settings import PoolSettings
 from .._tasks import Task
+from ._wire import (
+    CLOSE_TIMEOUT_S,
+    MAX_FRAME_BYTES,
+    Session,
+    Tally,
+    environment_error,
+    listed_tools,
+    openenv_catalog,
+)
 
-__all__ = ["OpenEnvClient", "OpenEnvLauncher", "environment_error", "openenv_catalog"]
+__all__ = ["OpenEnvClient", "OpenEnvLauncher"]
 
-# openenv's own client takes frames of up to 100 MB; a tool's result can be large (a file, a screenshot).
-_MAX_FRAME_BYTES = 100 * 2**20
 _CAPACITY_RETRY_S = (0.02, 0.05, 0.1, 0.2, 0.5)  # then every 0.5 s, until the load's limit
-_CLOSE_TIMEOUT_S = 5.0
 # A verify ends the open turn with the final text, then every turn the environment opens after it with no reply; an
 # environment still opening turns after this many is not ending the episode.
 _MAX_TURNS_AT_VERIFY = 64
 _TRANSPORT_ERROR = "transport_error"  # openenv's ToolErrorType for a tool call that could not reach its server
-
-
-def openenv_catalog(environment: str, tools: list[dict[str, Any]]) -> Catalog:
-    """An OpenEnv environment as the bridge reads one: its name and its tools (``list_tools``' ``input_schema`` as
-    MCP's ``inputSchema``). OpenEnv has no hidden tools."""
-    listed = tuple(
-        {
-            "name": tool.get("name"),
-            "description": tool.get("description") or "",
-            "inputSchema": tool.get("input_schema") or tool.get("inputSchema") or {"type": "object"},
-        }
-        for tool in tools
-        if isinstance(tool, dict)
-    )
-    return Catalog(environment, listed)
-
-
-# -- one session (/ws) ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Tally:
-    """What one session has given so far: the rewards of its reset and steps, whether it said done, and the system
-    prompt of its current turn (the model is told when a later turn changes it)."""
-
-    rewards: list[float] = field(default_factory=list)
-    steps: int = 0
-    done: bool = False
-    system_prompt: str | None = None
-
-    def add(self, data: dict[str, Any]) -> None:
-        reward = data.get("reward")
-        if isinstance(reward, bool | int | float):
-            self.rewards.append(float(reward))
-        self.done = self.done or bool(data.get("done"))
-
-
-def environment_error(data: dict[str, Any]) -> str | None:
-    """The environment's own error, when an observation says the episode cannot go on (``metadata.status`` is
-    ``"error"``, as agent-env answers a deploy, a run or a reward that failed): its ``metadata.error`` text."""
-    observation = data.get("observation")
-    for metadata in (data.get("metadata"), observation.get("metadata") if isinstance(observation, dict) else None):
-        if isinstance(metadata, dict) and metadata.get("status") == "error":
-            return str(metadata.get("error") or "the environment reported an error and gave no reason")
-    return None
-
-
-class _Session:
-    """One OpenEnv session: a WebSocket, one request and its one reply at a time.
-
-    An exchange runs in a task of its own that the caller only awaits, so a caller cancelled mid-exchange (a client
-    that hung up) leaves the reply to be read, not to be taken for the answer to the next request. One whose reply
-    does not come in time leaves the socket out of step, so the session is cut.
-    """
-
-    def __init__(self, connection: ClientConnection, url: str) -> None:
-        self.connection = connection
-        self.url = url
-        self._lock = asyncio.Lock()
-
-    @property
-    def closed(self) -> bool:
-        return self.connection.close_code is not None
-
-    async def request(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
-        return await asyncio.shield(asyncio.ensure_future(self._exchange(message, timeout, what)))
-
-    async def _exchange(self, message: dict[str, Any], timeout: float, what: str) -> dict[str, Any]:
-        async with self._lock:
-            with contextlib.suppress(ConnectionClosed):  # a refusal sent before the close is still there to read
-                await self.connection.send(json.dumps(message))
-            try:
-                async with asyncio.timeout(timeout):
-                    frame = await self.connection.recv()
-            except TimeoutError:
-                await self.abort()
-                raise EnvTimeoutError(f"{self.url}: {what}: no answer in {timeout:g}s") from None
-            except ConnectionClosed as error:
-                raise EnvDroppedError(f"{self.url}: {what}: the session's connection closed: {error}") from None
-        try:
-            reply = json.loads(frame)
-        except (TypeError, ValueError):
-            raise MalformedReplyError(f"{self.url}: {what}: the reply is not JSON text") from None
-        if not isinstance(reply, dict) or not isinstance(reply.get("data"), dict):
-            raise MalformedReplyError(f"{self.url}: {what}: the reply has no data object: {frame!r:.200}")
-        return reply
-
-    async def close(self) -> None:
-        """End the session: ``close``, then wait for the server to close the socket, which it does once the
-        session's slot is free again (so the next episode's session is not refused for capacity)."""
-        with contextlib.suppress(ConnectionClosed, OSError):
-            await self.connection.send(json.dumps({"type": "close"}))
-        with contextlib.suppress(TimeoutError, OSError):
-            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
-                await self.connection.wait_closed()
-        await self.abort()
-
-    async def abort(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.connection.close()
 
 
 # -- an instance: the right to one session at a time ----------------------------------------------------------------
@@ -170,8 +70,8 @@ class OpenEnvClient:
         self._launcher = launcher
         self._settings = settings
         self.base_url = launcher.url
-        self._session: _Session | None = None
-        self._tally = _Tally()
+        self._session: Session | None = None
+        self._tally = Tally()
         self._tool_timeout = settings.data_timeout_s
 
     async def describe(self) -> Catalog:
@@ -183,7 +83,7 @@ class OpenEnvClient:
     async def clear(self) -> None:
         """End the episode's session, if it has one: between episodes, an instance holds no session."""
         session, self._session = self._session, None
-        self._tally = _Tally()
+        self._tally = Tally()
         if session is not None:
             await session.close()
 
@@ -298,7 +198,7 @@ class _Tools:
         pass  # the session is the episode's: the pool's clear closes it
 
 
-def _observation_result(observation: Any, tally: _Tally) -> ToolResult:
+def _observation_result(observation: Any, tally: Tally) -> ToolResult:
     """A ``call_tool`` observation as the text the model sees: the tool's text content (its structured content as
     JSON when it has no text), or the environment's error message, as an error. A result that opens the next turn
     (agent-env's ``end_turn`` answers ``{"prompt", "system_prompt"}``) is that turn's prompt, with its system prompt
@@ -380,10 +280,10 @@ class OpenEnvLauncher:
                     {"type": "step", "data": {"type": "list_tools"}}, "list_tools", settings
                 )
                 await session.close()
-                self._catalog = openenv_catalog(self.environment, _listed_tools(reply, self.url) or [])
+                self._catalog = openenv_catalog(self.environment, listed_tools(reply, self.url) or [])
             return self._catalog
 
-    async def open_session(self, reset: dict[str, Any], settings: PoolSettings, tally: _Tally) -> _Session:
+    async def open_session(self, reset: dict[str, Any], settings: PoolSettings, tally: Tally) -> Session:
         """A new session, reset with ``reset`` (the data of the reset message), whose rewards ``tally`` counts. A
         reset the environment answers with an error of its own (agent-env's deploy failed, say) raises
         ``EnvFailedError``."""
@@ -423,7 +323,7 @@ class OpenEnvLauncher:
                 if tools:
                     message = {"type": "step", "data": {"type": "list_tools"}}
                     answer = await session.request(message, settings.data_timeout_s, f"list_tools after {what}")
-                    listed = _listed_tools(answer, self.url)
+                    listed = listed_tools(answer, self.url)
                     if listed is None:
                         raise MalformedReplyError(f"{self.url}: list_tools after {what}: {json.dumps(answer)[:300]}")
                 answers.append((reply["data"], listed))
@@ -431,9 +331,7 @@ class OpenEnvLauncher:
             await session.close()
         return answers
 
-    async def _open(
-        self, message: dict[str, Any], what: str, settings: PoolSettings
-    ) -> tuple[_Session, dict[str, Any]]:
+    async def _open(self, message: dict[str, Any], what: str, settings: PoolSettings) -> tuple[Session, dict[str, Any]]:
         """A new session and the observation its first message answered, each exchange within ``data_timeout_s``.
         A session refused for capacity is a seed waiting for a free instance, the server's this time: it is tried
         again until ``lease_timeout_s`` (the slot of the session closed just before may not be free yet, or another
@@ -466,11 +364,11 @@ class OpenEnvLauncher:
                 )
             await asyncio.sleep(pause)
 
-    async def _connect(self, timeout: float) -> _Session:
+    async def _connect(self, timeout: float) -> Session:
         options: dict[str, Any] = {
-            "max_size": _MAX_FRAME_BYTES,
+            "max_size": MAX_FRAME_BYTES,
             "open_timeout": timeout,
-            "close_timeout": _CLOSE_TIMEOUT_S,
+            "close_timeout": CLOSE_TIMEOUT_S,
         }
         try:
             if self.uds is not None:
@@ -483,19 +381,4 @@ class OpenEnvLauncher:
             raise EnvUnavailableError(f"{self._ws_url}: not an OpenEnv session endpoint: {error}") from None
         except OSError as error:
             raise EnvUnavailableError(f"{self._ws_url}: {error}") from None
-        return _Session(connection, self._ws_url)
-
-
-def _listed_tools(reply: dict[str, Any], url: str) -> list[dict[str, Any]] | None:
-    """The tools a ``list_tools`` observation lists; none (``[]``) when it answers that the environment has none
-    before a reset, None when it is no ``list_tools`` answer at all."""
-    if reply.get("type") != "observation":
-        return None
-    data = reply["data"]
-    observation = data.get("observation")
-    tools = observation.get("tools") if isinstance(observation, dict) else None
-    if isinstance(tools, list):
-        return [tool for tool in tools if isinstance(tool, dict)]
-    if environment_error(data) is not None or data.get("done"):
-        return []
-    raise MalformedReplyError(f"{url}: list_tools answered no tools: {json.dumps(reply)[:200]}")
+        return Session(connection, self._ws_url)
