@@ -104,3 +104,16 @@ def test_asgi_module_without_folder_variable_exits_with_one_line(value: str) -> 
     assert result.returncode == 1
     assert result.stderr.strip().startswith("gymhost: GYMHOST_FOLDER is not set; set it to a resources-server folder")
     assert "Traceback" not in result.stderr
+
+
+def test_a_serve_config_made_in_python_reads_the_token_as_the_command_line_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``Server(ServeConfig(...)).run()`` and ``asgi:app`` guard their apps with GYMHOST_TOKEN, as gymhost serve does
+    (a test of the base install: ServeConfig builds its settings without nemo-gym)."""
+    from gymhost import ServeConfig
+
+    monkeypatch.setenv("GYMHOST_TOKEN", "from-the-environment")
+    assert ServeConfig().app.token == "from-the-environment"
+    monkeypatch.delenv("GYMHOST_TOKEN")
+    assert ServeConfig().app.token is None

@@ -204,8 +204,9 @@ class ServeConfig:
     overrides: Mapping[str, Any] = field(default_factory=dict)
     # Where the other Gym servers it calls by name (a judge, a policy model) listen.
     server_urls: Mapping[str, str] = field(default_factory=dict)
-    # What its apps refuse and measure.
-    app: AppSettings = field(default_factory=AppSettings)
+    # What its apps refuse and measure: by default, as the environment says (GYMHOST_TOKEN, GYMHOST_MASKED_VERDICTS),
+    # read when the config is made, as the command line reads them.
+    app: AppSettings = field(default_factory=AppSettings.of)
     # Beyond loopback, a server with no token is refused unless this says something in front guards the port.
     no_token: bool = False
     # A folder whose requirements.txt this environment does not meet is served from a venv of its own.

@@ -2,9 +2,11 @@
 
 ``GYMHOST_FOLDER=path/to/folder uvicorn gymhost.asgi:app`` (or ``hypercorn gymhost.asgi:app``); the folder may also
 be a Gym root or the name of an installed Gym server, as for ``gymhost serve``. The repository's
-top-level ``asgi.py`` re-exports this, for ``uvicorn asgi:app`` from a checkout. The folder is loaded as
-``gymhost serve`` loads it (``_loading.load_app``): a Gym root (a folder holding ``resources_servers/<name>/``)
-gives a gateway with every server at ``/<name>/``.
+top-level ``asgi.py`` re-exports this, for ``uvicorn asgi:app`` from a checkout. The app is built by the same
+code as ``gymhost serve``'s (``Server.load``): a folder's requirements checked, the open-files limit raised, this
+replica's identity set, GYMHOST_TOKEN honoured; a Gym root (a folder holding ``resources_servers/<name>/``) gives a
+gateway with every server at ``/<name>/``. Under that server's own workers it refuses to load
+(``_serving._foreign_workers``).
 
 A missing or wrong folder ends the process with one line on stderr (``SystemExit``): the ASGI server is
 importing this module, and a traceback through its importer would bury the message.
@@ -14,12 +16,11 @@ from __future__ import annotations
 
 import logging
 
-from ._config import FOLDER_ENV_VAR, SECRET_ENV_VAR, configured_folder, configured_secret
+from ._config import FOLDER_ENV_VAR, SECRET_ENV_VAR, ServeConfig, configured_folder, configured_secret
 from ._exceptions import GymhostError
-from ._hosting._loading import enter_folder, load_app
-from ._hosting._targets import resolve_targets
 from ._serving._foreign_workers import refuse_foreign_workers
 from ._serving._run import freeze_imported_heap
+from ._serving._server import Server
 
 __all__ = ["ENV_VAR", "app"]
 
@@ -34,11 +35,8 @@ def _app_from_environment() -> object:
             f"gymhost: {ENV_VAR} is not set; set it to a resources-server folder, "
             f"e.g. {ENV_VAR}=path/to/resources_servers/my_server uvicorn asgi:app"
         )
-    try:
-        target = resolve_targets([folder])  # a folder, a Gym root, or an installed Gym server's name
-        if target.folder is not None:
-            enter_folder(target.folder)
-        return load_app(target.served)
+    try:  # a folder, a Gym root, or an installed Gym server's name; built as gymhost serve builds it
+        return Server(ServeConfig(paths=(folder,))).load()
     except GymhostError as error:
         raise SystemExit(f"gymhost: {ENV_VAR}={folder}: {error}") from None
 

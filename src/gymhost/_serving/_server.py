@@ -51,11 +51,7 @@ class Server:
         from .._sessions._identity import process_state
 
         config = self.config
-        target = resolve_targets(config.paths, only=config.only)
-        if target.gateway and (config.name or config.config_key or config.overrides):
-            raise ServeError("--name, --config-key and --set apply to one server's folder, not to several")
-        if target.folder is not None:
-            self._check_requirements(target.folder)
+        target = self._resolve()
         parent = take_parent_pid()
         if parent is not None:  # another gymhost process started this one (a gateway's process mount): die with it
             process_state.follow_parent(parent)
@@ -75,7 +71,28 @@ class Server:
         finally:
             sock.close()
 
+    def load(self) -> Any:
+        """The app ``run`` serves, built the same way, for an ASGI server that imports it by name (``gymhost.asgi``):
+        what to serve resolved and a folder's requirements checked, the open-files limit raised, this replica's
+        identity set, the app built, the folder entered. That server binds, accepts and stops it; what ``run`` adds
+        around it (gymhost's accept loop, the drain, workers) is ``gymhost serve``'s alone."""
+        from ._accepting import raise_open_files_limit
+
+        target = self._resolve()
+        for line in raise_open_files_limit():
+            logger.debug("%s", line)
+        return self._build(target, None)
+
     # -- the checks, in the order they are made --------------------------------------------------------------------
+
+    def _resolve(self) -> Target:
+        config = self.config
+        target = resolve_targets(config.paths, only=config.only)
+        if target.gateway and (config.name or config.config_key or config.overrides):
+            raise ServeError("--name, --config-key and --set apply to one server's folder, not to several")
+        if target.folder is not None:
+            self._check_requirements(target.folder)
+        return target
 
     def _check_requirements(self, folder: Path) -> None:
         """A folder whose requirements this environment does not meet would start, answer ``/readyz``, then fail
@@ -139,23 +156,33 @@ class Server:
     # -- building and serving ----------------------------------------------------------------------------------------
 
     def _serve(self, target: Target, sock: socket.socket, workers_folder: Path | None) -> None:
-        from .._hosting._loading import enter_folder, load_app
         from .._logging import logging_config
-        from .._nemo_gym import require_nemo_gym
-        from .._sessions._identity import process_state
-        from ._process_mount import apart_in_own_venvs
         from ._run import run_app, url_of
         from ._workers import serve_workers
 
         config = self.config
-        require_nemo_gym()
-        process_state.configure(
-            replica=config.replica_id,
-            port=sock.getsockname()[1] if config.uds is None else None,
-            advertise_url=config.advertise_url,
-        )
         # What building the app logs (the env.yaml it read, say) is said as serving will say it.
         logging.config.dictConfig(logging_config(config.log_format, config.log_level))
+        app = self._build(target, sock.getsockname()[:2] if config.uds is None else None)
+        self.say(f"serving {target.name} at {url_of(sock)}{self._mounts(target, app)}")
+        if workers_folder is not None:
+            self.say(f"{config.workers} workers")
+            serve_workers(app, sock, config, config.workers, workers_folder, run_app)
+        else:
+            run_app(app, sock, config)
+
+    def _build(self, target: Target, address: tuple[str, int] | None) -> Any:
+        """The app, built in the folder it serves, with this process's identity set: ``run``'s and ``load``'s."""
+        from .._hosting._loading import enter_folder, load_app
+        from .._nemo_gym import require_nemo_gym
+        from .._sessions._identity import process_state
+        from ._process_mount import apart_in_own_venvs
+
+        config = self.config
+        require_nemo_gym()
+        process_state.configure(
+            replica=config.replica_id, port=address[1] if address else None, advertise_url=config.advertise_url
+        )
         overrides: dict[str, Any] = dict(config.overrides)
         if config.name is not None:
             overrides["name"] = config.name
@@ -169,7 +196,7 @@ class Server:
             config.app,
             server_urls=config.server_urls,
             config_key=config.config_key,
-            address=sock.getsockname()[:2] if config.uds is None else None,
+            address=address,
             apart=apart,
             **overrides,
         )
@@ -178,12 +205,7 @@ class Server:
             enter_folder(target.folder)
         if config.root_path:
             MOUNT.set(app, config.root_path)  # its metrics carry the prefix it is served under
-        self.say(f"serving {target.name} at {url_of(sock)}{self._mounts(target, app)}")
-        if workers_folder is not None:
-            self.say(f"{config.workers} workers")
-            serve_workers(app, sock, config, config.workers, workers_folder, run_app)
-        else:
-            run_app(app, sock, config)
+        return app
 
     @staticmethod
     def _mounts(target: Target, app: Any) -> str:
