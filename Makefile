@@ -31,7 +31,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-image clean check-pythons check-py312 check-py313
+.PHONY: test lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-image bench-request-path clean check-pythons check-py312 check-py313
 
 check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -217,6 +217,11 @@ bench-workers: .venv-gym07/.installed
 # The image's size and its time to ready (benchmarks/image.py), into results/<date>-image.json.
 bench-image: image .venv-gym07/.installed
 	cd benchmarks && GYMHOST_IMAGE=$(IMAGE) ../.venv-gym07/bin/python image.py
+
+# The request path before and after a change, side by side (benchmarks/request_path.py): BASELINE=<git revision>.
+bench-request-path: .venv-gym07/.installed
+	@command -v wrk >/dev/null || apt-get install -y -q wrk
+	cd benchmarks && ../.venv-gym07/bin/python request_path.py --baseline $(BASELINE)
 
 clean:
 	rm -rf .venv .venv-gym04 .venv-gym07 .venv-openenv .venv-agentenv .venv-verifiers .venv-demo .venv-wheel .venv-manifests dist site .pytest_cache .mypy_cache .ruff_cache

@@ -128,3 +128,16 @@ def pool_status_of(url: str) -> dict[str, Any]:
     """``pool_status`` of a server process, for synchronous tests and polling."""
     answer: dict[str, Any] = httpx.get(f"{url}/agentenv/pool", timeout=10).json()
     return answer
+
+
+def reach_corner(folder: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A written gridsim folder's reach-corner row, and the tool calls of that task's reference solution."""
+    row = next(
+        json.loads(line) for line in (folder / "data" / "eval.jsonl").read_text().splitlines() if "reach-corner" in line
+    )
+    task = next(
+        json.loads(line)
+        for line in (GRIDSIM / "tasks" / "eval.jsonl").read_text().splitlines()
+        if "reach-corner" in line
+    )
+    return row, task["solution"]["tool_calls"]

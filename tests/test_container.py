@@ -33,7 +33,7 @@ import yaml
 
 from gymhost import EpisodeClient
 
-from .agentenv_helpers import GRIDSIM
+from .agentenv_helpers import GRIDSIM, reach_corner
 from .processes import free_port
 from .test_verifiers import assert_scored, evaluating
 
@@ -186,17 +186,8 @@ def envs_image(root: Path) -> Iterator[str]:
 
 
 def gridsim_play(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The gridsim folder's reach-corner row and the tool calls of its reference solution."""
-    folder = root / "resources_servers" / GRIDSIM_NAME
-    row = next(
-        json.loads(line) for line in (folder / "data" / "eval.jsonl").read_text().splitlines() if "reach-corner" in line
-    )
-    task = next(
-        json.loads(line)
-        for line in (GRIDSIM / "tasks" / "eval.jsonl").read_text().splitlines()
-        if "reach-corner" in line
-    )
-    return row, task["solution"]["tool_calls"]
+    """The written gridsim folder's reach-corner row and the tool calls of its reference solution."""
+    return reach_corner(root / "resources_servers" / GRIDSIM_NAME)
 
 
 def test_the_image_the_manifest_names_serves_a_written_folder_and_gyms_behind_one_address_to_vf_eval(

@@ -32,7 +32,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .agentenv_helpers import GRIDSIM
+from .agentenv_helpers import GRIDSIM, reach_corner
 from .processes import ServerProcess, alive, assert_stopped_cleanly, free_port, gymhost_command, serving
 from .test_agent_env import BUNDLE, agent_env_python
 from .test_agent_env import rows as agent_env_rows
@@ -238,15 +238,7 @@ def gridsim(tmp_path: Path) -> tuple[Path, dict[str, Any], dict[str, Any]]:
     from gymhost.environments import write_folder
 
     folder = write_folder(str(GRIDSIM), tmp_path / "root").path
-    row = next(
-        json.loads(line) for line in (folder / "data" / "eval.jsonl").read_text().splitlines() if "reach-corner" in line
-    )
-    task = next(
-        json.loads(line)
-        for line in (GRIDSIM / "tasks" / "eval.jsonl").read_text().splitlines()
-        if "reach-corner" in line
-    )
-    steps = task["solution"]["tool_calls"]
+    row, steps = reach_corner(folder)
     return folder, row, {"steps": steps, "final": "I am at (1, 1).", "gates": {str(len(steps)): "lost"}}
 
 

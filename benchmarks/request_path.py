@@ -1,0 +1,108 @@
+"""The request path, before and after a change, side by side (make bench-request-path BASELINE=<git revision>).
+
+One tool call of a seeded episode (`POST /get_weather` on nemo-gym's example_single_tool_call, with the session
+cookie) against three servers up at once: `gymhost serve` of the BASELINE revision (a git worktree, imported ahead of
+this checkout through PYTHONPATH, in the same venv), of this checkout, and of this checkout with
+`--masked-verdicts answer` (which leaves out the masked-verdicts layer, so the pair gives that layer's cost). wrk
+(one thread, keep-alive) at 1 and 64 connections, 4 s a point, rounds interleaved so a machine that slows down slows
+all three alike; each point is its median round. CPU per request is the server process's own (`/proc`), over the
+same runs. Writes results/<date>-request-path.json and prints the table for README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import run
+
+HERE = Path(__file__).resolve().parent
+LEVELS = (1, 64)
+
+
+def worktree(revision: str) -> Path:
+    """A checkout of ``revision`` beside this one (made once, reused)."""
+    sha = subprocess.run(["git", "rev-parse", "--short", revision], capture_output=True, text=True, check=True).stdout
+    path = Path("/tmp") / f"gymhost-baseline-{sha.strip()}"
+    if not path.exists():
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), revision], check=True, capture_output=True)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", required=True, help="the git revision to compare with")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=int, default=4)
+    given = parser.parse_args()
+    baseline = worktree(given.baseline)
+    imported = subprocess.run(
+        [run.PYTHON, "-c", "import gymhost; print(gymhost.__file__)"],
+        capture_output=True, text=True, check=True, env={**run.os.environ, "PYTHONPATH": str(baseline / "src")},
+    ).stdout.strip()  # fmt: skip
+    assert imported.startswith(str(baseline)), f"the baseline would import {imported}, not {baseline}'s gymhost"
+    folder = run.gym_root() / run.EXAMPLE
+    row = json.loads((folder / "data" / "example.jsonl").read_text().splitlines()[0])
+    serve = [run.PYTHON, "-m", "gymhost", "serve", str(folder), "--log-level", "warning"]
+    servers: dict[str, tuple[list[str], dict[str, str]]] = {
+        f"baseline ({given.baseline})": (serve, {"PYTHONPATH": str(baseline / "src")}),
+        "this checkout": (serve, {}),
+        "this checkout, --masked-verdicts answer": ([*serve, "--masked-verdicts", "answer"], {}),
+    }
+    samples: dict[str, dict[int, list[dict[str, Any]]]] = {name: {c: [] for c in LEVELS} for name in servers}
+    with contextlib.ExitStack() as stack:
+        targets = {}
+        for name, (command, env) in servers.items():
+            port = run.free_port()
+            url = f"http://127.0.0.1:{port}"
+            process = stack.enter_context(run.server([*command, "--port", str(port)], url, env=env))
+            cookie = run.seed_cookie(url, row)
+            run.wrk(f"{url}/get_weather", 16, 1, cookie)  # warm up
+            targets[name] = (url, cookie, process.pid)
+        for _ in range(given.rounds):
+            for c in LEVELS:
+                for name, (url, cookie, pid) in targets.items():
+                    before = run.cpu_seconds(pid)
+                    result = run.wrk(f"{url}/get_weather", c, given.seconds, cookie)
+                    result["cpu_us_per_request"] = (
+                        (run.cpu_seconds(pid) - before) / (result["rps"] * given.seconds) * 1e6
+                    )
+                    samples[name][c].append(result)
+    results = {
+        name: {
+            str(c): {
+                **run._median_run(samples[name][c]),
+                "cpu_us_per_request": statistics.median(r["cpu_us_per_request"] for r in samples[name][c]),
+            }
+            for c in LEVELS
+        }
+        for name in servers
+    }
+    record = {"date": datetime.date.today().isoformat(), "baseline": given.baseline, "machine": run.machine()}
+    record["results"] = results
+    out = HERE / "results" / f"{record['date']}-request-path.json"
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    first = next(iter(results.values()))
+    print(
+        "| server | c=1 calls/s | c=1 p99 ms | c=64 calls/s | c=64 p99 ms | CPU/call, µs (c=64) | vs baseline (c=64) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for name, rows in results.items():
+        one, many = rows["1"], rows["64"]
+        ratio = many["rps"] / first["64"]["rps"]
+        print(
+            f"| {name} | {one['rps']:,.0f} | {one['p99_ms']:.2f} | {many['rps']:,.0f} | {many['p99_ms']:.2f} | "
+            f"{many['cpu_us_per_request']:.0f} | {ratio:.2f}x |"
+        )
+    print(f"(raw: {out.relative_to(HERE)})", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
