@@ -246,6 +246,25 @@ async def run(
     return list(await asyncio.gather(*tasks))
 
 
+async def holding_episodes(cluster: Cluster, i: int) -> None:
+    """Until replica ``i`` holds open episodes (its own gauge, read directly): what a test that takes it away
+    mid-run needs, whatever the machine's speed and the balancer's spread."""
+
+    def open_episodes() -> float:
+        text = httpx.get(f"{cluster.address(i)}/metrics", timeout=10).text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == "gymhost_episodes_open"
+        )
+
+    deadline = time.monotonic() + 60
+    while await asyncio.to_thread(open_episodes) < 2:
+        assert time.monotonic() < deadline, f"r{i} never held episodes"
+        await asyncio.sleep(0.1)
+
+
 def summary(outcomes: list[Outcome]) -> str:
     wrong = [o for o in outcomes if o.kind == "verdict" and not o.right]
     errors = [o for o in outcomes if o.kind == "error"]
@@ -280,7 +299,7 @@ async def test_mcp_token_calls_reach_their_replica_through_the_balancer(balancer
 
 async def test_a_drained_replica_loses_no_episode(balancer: str, cluster: Cluster) -> None:
     async def drain_r1() -> None:
-        await asyncio.sleep(1.5)
+        await holding_episodes(cluster, 1)
         cluster.replicas[1].process.send_signal(signal.SIGTERM)
 
     outcomes = await run(cluster, balancer, 96, 32, think=0.3, during=drain_r1)
@@ -294,7 +313,7 @@ async def test_a_drained_replica_loses_no_episode(balancer: str, cluster: Cluste
 
 async def test_a_killed_replica_costs_only_its_own_episodes(balancer: str, cluster: Cluster) -> None:
     async def kill_r2() -> None:
-        await asyncio.sleep(1.5)
+        await holding_episodes(cluster, 2)
         cluster.replicas[2].process.send_signal(signal.SIGKILL)
 
     outcomes = await run(cluster, balancer, 96, 32, think=0.3, during=kill_r2)
@@ -309,7 +328,7 @@ async def test_a_killed_replica_costs_only_its_own_episodes(balancer: str, clust
 
 async def test_a_replica_cut_off_the_network_costs_only_its_own_episodes(balancer: str, cluster: Cluster) -> None:
     async def cut_r3() -> None:
-        await asyncio.sleep(1.5)
+        await holding_episodes(cluster, 3)
         sh("ip", "link", "set", "ghv3", "down")
 
     try:
