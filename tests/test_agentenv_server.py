@@ -112,12 +112,33 @@ async def test_a_folder_written_before_gymhost_environments_still_serves(tmp_pat
     path stays, and such a folder plays as a new one does."""
     folder = (await awrite_folder(str(GRIDSIM), tmp_path, mode="in_process")).path
     app_py = folder / "app.py"
-    old = app_py.read_text().replace("from gymhost.environments import", "from gymhost.agentenv import")
+    new = "from gymhost.environments import WrittenResourcesServer"
+    old = app_py.read_text().replace(new, "from gymhost.agentenv import AgentEnvResourcesServer")
+    old = old.replace("(WrittenResourcesServer)", "(AgentEnvResourcesServer)")
     assert "from gymhost.agentenv import AgentEnvResourcesServer" in old
     app_py.write_text(old)
     async with served(folder) as transport:
         answer = await play(BASE, row_for(folder, "maze"), transport=transport)
     assert (answer["reward"], answer["mask_sample"]) == (1.0, False)
+
+
+async def test_a_folder_written_before_the_servers_rename_still_serves(tmp_path: Path) -> None:
+    """``tests/written_before/gridsim_v1`` was written by gymhost at a9cbcf8, when the server was
+    ``AgentEnvResourcesServer``: its app.py imports that name, which names the same class as ``WrittenResourcesServer``,
+    and the folder plays as a new one does."""
+    import gymhost.agentenv
+    import gymhost.environments
+
+    committed = Path(__file__).parent / "written_before" / "gridsim_v1"
+    assert "from gymhost.environments import AgentEnvResourcesServer" in (committed / "app.py").read_text()
+    folder = Path(shutil.copytree(committed, tmp_path / "gridsim_v1"))
+    async with served(folder) as transport:
+        answer = await play(BASE, row_for(folder, "maze"), transport=transport)
+    assert (answer["reward"], answer["mask_sample"]) == (1.0, False)
+    server = gymhost.environments.WrittenResourcesServer
+    assert gymhost.environments.AgentEnvResourcesServer is server
+    assert gymhost.agentenv.AgentEnvResourcesServer is server
+    assert gymhost.environments.AgentEnvResourcesServerConfig is gymhost.environments.WrittenResourcesServerConfig
 
 
 async def test_tool_errors_are_outputs_for_the_model(folder: Path) -> None:

@@ -45,7 +45,7 @@ def test_the_folder_is_a_gym_resources_server_folder(written: Path) -> None:
         "bundle/tasks/eval.jsonl",
     }
     compile((written / "app.py").read_text(), "app.py", "exec")
-    assert "class GridsimV1ResourcesServer(AgentEnvResourcesServer):" in (written / "app.py").read_text()
+    assert "class GridsimV1ResourcesServer(WrittenResourcesServer):" in (written / "app.py").read_text()
     assert (
         'if __name__ == "__main__":\n    GridsimV1ResourcesServer.run_webserver()' in (written / "app.py").read_text()
     )

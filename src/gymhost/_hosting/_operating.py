@@ -52,7 +52,7 @@ OPERATIONS: StateKey[Operated] = StateKey("gymhost_operations")  # readiness, me
 
 
 class EpisodeSource(Protocol):
-    """A server that keeps its own episodes (``AgentEnvResourcesServer``)."""
+    """A server that keeps its own episodes (``WrittenResourcesServer``)."""
 
     def gymhost_bind_metrics(self, metrics: EpisodeMetrics) -> None: ...
     def gymhost_open_episodes(self) -> int: ...

@@ -86,12 +86,12 @@ def load_solutions(path: Path) -> dict[tuple[str | None, str], Solution]:
 
 
 async def _check(folder: Path, solutions: dict[tuple[str | None, str], Solution]) -> list[RowCheck]:
-    from ._server import AgentEnvResourcesServer
+    from ._server import WrittenResourcesServer
 
     app = create_app(folder, token=NO_TOKEN)  # played in-process: no request crosses the network
     hosted = HOSTED.get(app)
     server = hosted.server if hosted is not None else None
-    if not isinstance(server, AgentEnvResourcesServer):
+    if not isinstance(server, WrittenResourcesServer):
         raise CheckError(f"{folder}: its server is {type(server).__name__}, not one `gymhost write` wrote")
     rows = [
         (path.stem, json.loads(line))

@@ -1,4 +1,4 @@
-"""``AgentEnvResourcesServer``: a NeMo Gym resources server in front of an environment of any protocol gymhost
+"""``WrittenResourcesServer``: a NeMo Gym resources server in front of an environment of any protocol gymhost
 speaks (the backend the config's ``source.kind`` names, ``_registry``; the rest does not know which).
 
 A written folder's ``app.py`` subclasses it (to say where the folder is) and Gym's launcher, ``gymhost serve`` or
@@ -35,13 +35,13 @@ from ._registry import backend_of
 from ._settings import EpisodeFields, EpisodeSettings, PoolFields, PoolSettings, SourceConfig
 from ._tasks import Task, load_task_folder
 
-__all__ = ["AgentEnvResourcesServer", "AgentEnvResourcesServerConfig"]
+__all__ = ["WrittenResourcesServer", "WrittenResourcesServerConfig"]
 
 # nemo-gym 0.5+ has the Environment Server session contract; 0.4.0 knows only the cookie flow.
 _RESOURCES_FLOW = hasattr(gym, "ResourcesSeedSessionRequest")
 
 
-class AgentEnvResourcesServerConfig(gym.BaseResourcesServerConfig, PoolFields, EpisodeFields):  # type: ignore[misc]
+class WrittenResourcesServerConfig(gym.BaseResourcesServerConfig, PoolFields, EpisodeFields):  # type: ignore[misc]
     """A written server's config block: Gym's fields, the environment and its source, and the limits (declared, with
     their defaults, in ``_settings``)."""
 
@@ -56,20 +56,20 @@ class AgentEnvResourcesServerConfig(gym.BaseResourcesServerConfig, PoolFields, E
         return source
 
 
-class AgentEnvSeedRequest(gym.BaseSeedSessionRequest):  # type: ignore[misc]
+class SeedRequest(gym.BaseSeedSessionRequest):  # type: ignore[misc]
     model_config = ConfigDict(extra="allow")
 
     task_id: str
     split: str | None = None
 
 
-class AgentEnvVerifyRequest(gym.BaseVerifyRequest):  # type: ignore[misc]
+class VerifyRequest(gym.BaseVerifyRequest):  # type: ignore[misc]
     model_config = ConfigDict(extra="allow")
 
     task_id: str | None = None
 
 
-class AgentEnvCloseRequest(BaseModel):
+class CloseRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
@@ -80,7 +80,7 @@ class CriterionScore(BaseModel):
     detail: str
 
 
-class AgentEnvVerifyResponse(gym.BaseVerifyResponse):  # type: ignore[misc]
+class VerifyResponse(gym.BaseVerifyResponse):  # type: ignore[misc]
     model_config = ConfigDict(extra="allow")
 
     # Declared here too because nemo-gym 0.4.0's BaseVerifyResponse has only `reward`.
@@ -91,14 +91,14 @@ class AgentEnvVerifyResponse(gym.BaseVerifyResponse):  # type: ignore[misc]
 
 
 if _RESOURCES_FLOW:
-    SeedBody: Any = gym.ResourcesSeedSessionRequest | AgentEnvSeedRequest
-    CloseBody: Any = gym.ResourcesCloseSessionRequest | AgentEnvCloseRequest
+    SeedBody: Any = gym.ResourcesSeedSessionRequest | SeedRequest
+    CloseBody: Any = gym.ResourcesCloseSessionRequest | CloseRequest
 else:
-    SeedBody = AgentEnvSeedRequest
-    CloseBody = AgentEnvCloseRequest
+    SeedBody = SeedRequest
+    CloseBody = CloseRequest
 
 
-class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
+class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
     """Serves an agentenv environment's tasks as a Gym resources server.
 
     Subclass it in the folder's ``app.py`` with ``folder = Path(__file__).resolve().parent``; relative paths in
@@ -106,7 +106,7 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
     where Gym's launcher starts a server).
     """
 
-    config: AgentEnvResourcesServerConfig
+    config: WrittenResourcesServerConfig
     folder: ClassVar[Path | None] = None
     ray_enabled: ClassVar[bool] = False
 
@@ -177,7 +177,7 @@ class AgentEnvResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             return JSONResponse(gym.ResourcesSeedSessionResponse(resources_session_id=key).model_dump(mode="json"))
         return JSONResponse({"task_id": episode.task.id})
 
-    async def verify(self, request: Request, body: AgentEnvVerifyRequest) -> Response:
+    async def verify(self, request: Request, body: VerifyRequest) -> Response:
         try:
             verdict = await self._running().verify(request.session[SESSION_ID_KEY], _final_text(body.response))
         except EpisodeStateError as error:
@@ -322,10 +322,10 @@ def _final_text(response: Any) -> str:
     return ""
 
 
-def _verify_response(body: AgentEnvVerifyRequest, verdict: Verdict) -> AgentEnvVerifyResponse:
+def _verify_response(body: VerifyRequest, verdict: Verdict) -> VerifyResponse:
     fields = {key: value for key, value in body.model_dump().items() if key not in VERDICT_FIELDS}
     fields["task_id"] = body.task_id or verdict.task_id
-    return AgentEnvVerifyResponse(
+    return VerifyResponse(
         **fields,
         reward=verdict.reward,
         mask_sample=verdict.failure is not None,

@@ -134,7 +134,7 @@ class _Settings(BaseModel):
 
     @classmethod
     def of(cls, config: Any) -> Self:
-        """The settings of a server config that carries these fields (``AgentEnvResourcesServerConfig``)."""
+        """The settings of a server config that carries these fields (``WrittenResourcesServerConfig``)."""
         return cls.model_validate({name: getattr(config, name) for name in cls.model_fields})
 
 

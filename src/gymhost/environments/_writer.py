@@ -204,10 +204,10 @@ or let Gym's launcher (`gym env start`) run this file.
 
 from pathlib import Path
 
-from gymhost.environments import AgentEnvResourcesServer
+from gymhost.environments import WrittenResourcesServer
 
 
-class {cls}(AgentEnvResourcesServer):
+class {cls}(WrittenResourcesServer):
     folder = Path(__file__).resolve().parent
 
 

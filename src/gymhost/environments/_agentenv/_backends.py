@@ -48,7 +48,7 @@ def refuse_python(given: str, options: WriteOptions) -> None:
         raise SourceError(f"{given}: --python runs agent-env's app for an agent-env bundle; this is not one")
 
 
-class _AgentEnvProtocol(Backend):
+class _AgentenvBackend(Backend):
     protocol = "agentenv"
 
     def check_task(self, where: str, task: Task, catalog: Catalog) -> None:
@@ -81,7 +81,7 @@ tool reports an error); `/verify` grades the episode from the task's criteria, t
 with `mask_sample` true only when the infrastructure failed."""
 
 
-class BundleBackend(_AgentEnvProtocol):
+class BundleBackend(_AgentenvBackend):
     kind = "bundle"
     # A training run keeps hundreds of episodes open, each holding its instance while the model thinks, so the pool
     # grows on demand. Process mode: instances are forked from a template that imported the environment once, each
@@ -153,7 +153,7 @@ class BundleBackend(_AgentEnvProtocol):
         return [line for line in lines if line and not line.startswith("#")]
 
 
-class UrlsBackend(_AgentEnvProtocol):
+class UrlsBackend(_AgentenvBackend):
     kind = "urls"
 
     def launcher(self, source: SourceConfig, folder: ServerFolder) -> Launcher:

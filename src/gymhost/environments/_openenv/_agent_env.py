@@ -5,10 +5,13 @@ An agent-env bundle is a folder of ``tasks/<name>.json`` step lists (with ``eval
 ``artifacts/``, ...); it is not gymhost's own bundle format (an agentenv-protocol ``env.py`` with gymhost task files,
 ``_agentenv``). agent-env serves one as an OpenEnv environment (``agent_env.openenv.build_app``: a split ``all`` and a
 split per eval, each episode a run of a task whose outside agent the model plays), and that server is what a written
-folder plays: ``AgentEnvApp`` runs it for as long as the server lives (``_agent_env_app.py``, with the interpreter
-the config names, since agent-env's dependencies conflict with nemo-gym's), on a Unix socket in a folder of its own
-that also holds agent-env's stores and local sandboxes, removed when it stops; ``AgentEnvLauncher`` hands the pool
-sessions on it. gymhost never imports ``agent_env`` or ``openenv``.
+folder plays: ``AgentEnvFrameworkApp`` runs it for as long as the server lives (``_agent_env_app.py``, with the
+interpreter the config names, since agent-env's dependencies conflict with nemo-gym's), on a Unix socket in a folder
+of its own that also holds agent-env's stores and local sandboxes, removed when it stops; ``AgentEnvFrameworkLauncher``
+hands the pool sessions on it. gymhost never imports ``agent_env`` or ``openenv``.
+
+The names say which "agent env" they mean: ``AgentEnvFramework...`` is agent-env (the ``agentenv-framework``
+package), ``_agentenv`` is the agentenv protocol, and the server in front of either is ``WrittenResourcesServer``.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from ._client import OpenEnvClient, OpenEnvLauncher
 from ._task_api import TaskApi
 
 __all__ = [
-    "AgentEnvApp",
-    "AgentEnvLauncher",
+    "AgentEnvFrameworkApp",
+    "AgentEnvFrameworkLauncher",
     "agent_env_python",
     "is_agent_env_bundle",
     "running_app",
@@ -75,7 +78,7 @@ def agent_env_python(given: str | None) -> str:
     return str(Path(found).absolute())
 
 
-class AgentEnvApp:
+class AgentEnvFrameworkApp:
     """agent-env's OpenEnv app for one bundle, as a process of this server's."""
 
     def __init__(self, process: asyncio.subprocess.Process, folder: Path, bundle: Path) -> None:
@@ -91,7 +94,7 @@ class AgentEnvApp:
     @classmethod
     async def start(
         cls, bundle: Path, python: str, sessions: int, timeout: float, *, quiet: bool = False
-    ) -> AgentEnvApp:
+    ) -> AgentEnvFrameworkApp:
         """Start it and wait until it answers (``/health``), within ``timeout``: agent-env's import alone takes
         seconds. Its output goes to this process's stderr, or, ``quiet``, to a log whose end a failure to start
         shows."""
@@ -182,16 +185,16 @@ class AgentEnvApp:
 
 
 @asynccontextmanager
-async def running_app(bundle: Path, python: str, settings: PoolSettings) -> AsyncIterator[AgentEnvApp]:
+async def running_app(bundle: Path, python: str, settings: PoolSettings) -> AsyncIterator[AgentEnvFrameworkApp]:
     """The app for ``bundle`` while the block runs: what ``gymhost write`` reads the tasks and tools from."""
-    app = await AgentEnvApp.start(bundle, python, 1, settings.startup_timeout_s, quiet=True)
+    app = await AgentEnvFrameworkApp.start(bundle, python, 1, settings.startup_timeout_s, quiet=True)
     try:
         yield app
     finally:
         await app.stop()
 
 
-class AgentEnvLauncher:
+class AgentEnvFrameworkLauncher:
     """Sessions on agent-env's OpenEnv app for a bundle, which it runs (``_backend.Launcher``): started with the
     first instance, again when it has died (the pool replaces the instances it held, whose episodes were lost), and
     stopped with the pool. ``expected`` is where the written tasks say each task is, ``(split, index) -> name``; an
@@ -216,9 +219,9 @@ class AgentEnvLauncher:
         self.reply_tool = reply_tool
         self.expected = dict(expected)
         self.description = f"agent-env bundle {bundle} (agent-env's OpenEnv app, run by {python})"
-        self._app: AgentEnvApp | None = None
+        self._app: AgentEnvFrameworkApp | None = None
         self._sessions: OpenEnvLauncher | None = None
-        self._apps: dict[int, AgentEnvApp] = {}  # the app each instance's sessions are on, by instance index
+        self._apps: dict[int, AgentEnvFrameworkApp] = {}  # the app each instance's sessions are on, by instance index
         self._lock = asyncio.Lock()
 
     async def launch(self, index: int, settings: PoolSettings) -> Instance:
@@ -227,7 +230,9 @@ class AgentEnvLauncher:
                 if self._app is not None:
                     logger.warning("agent-env's OpenEnv app for %s exited; starting it again", self.bundle)
                     await self._app.stop()
-                self._app = await AgentEnvApp.start(self.bundle, self.python, self.sessions, settings.startup_timeout_s)
+                self._app = await AgentEnvFrameworkApp.start(
+                    self.bundle, self.python, self.sessions, settings.startup_timeout_s
+                )
                 try:
                     await self._check_tasks(self._app, settings)
                 except BaseException:
@@ -259,7 +264,7 @@ class AgentEnvLauncher:
             if app is not None:
                 await app.stop()
 
-    async def _check_tasks(self, app: AgentEnvApp, settings: PoolSettings) -> None:
+    async def _check_tasks(self, app: AgentEnvFrameworkApp, settings: PoolSettings) -> None:
         api = TaskApi(app.url, timeout=settings.data_timeout_s, uds=app.socket)
         try:
             for split in sorted({split for split, _ in self.expected}):

@@ -22,12 +22,12 @@ from .._catalog import checked
 from .._errors import CatalogError, DataPlaneError, EnvUnavailableError, SourceError, StartupError
 from .._settings import PoolSettings, SourceConfig
 from .._tasks import ExtensionCriterion, StateCriterion, Task, load_tasks, write_task_folder
-from ._agent_env import AgentEnvLauncher, agent_env_python, is_agent_env_bundle, running_app
+from ._agent_env import AgentEnvFrameworkLauncher, agent_env_python, is_agent_env_bundle, running_app
 from ._client import OpenEnvLauncher
 from ._task_api import TaskApi
 from ._tasks import openenv_tasks
 
-__all__ = ["AGENT_ENV", "OPENENV", "AgentEnvBackend", "OpenEnvBackend", "reply_tool"]
+__all__ = ["AGENT_ENV", "OPENENV", "AgentEnvFrameworkBackend", "OpenEnvBackend", "reply_tool"]
 
 _END_TURN = "end_turn"
 _REPLY_TOOL_COMMENT = "a verify ends the model's open turn with its final text through it"
@@ -157,7 +157,7 @@ a connection lost, is a masked sample (`mask_sample` true, with a `failure_kind`
 wait for a session to end."""
 
 
-class AgentEnvBackend(_OpenEnvProtocol):
+class AgentEnvFrameworkBackend(_OpenEnvProtocol):
     kind = "agent_env"
     protocol = "agent-env"
     # agent-env's app for a bundle is started by the written server itself, with max_concurrent_envs its maximum:
@@ -179,7 +179,7 @@ class AgentEnvBackend(_OpenEnvProtocol):
             for task in tasks
             if task.seed.reset is not None
         }
-        return AgentEnvLauncher(
+        return AgentEnvFrameworkLauncher(
             folder.resolve(source.path, "bundle"),
             python,
             folder.environment,
@@ -239,4 +239,4 @@ failed) is a masked sample, never a 0.0."""
 
 
 OPENENV = OpenEnvBackend()
-AGENT_ENV = AgentEnvBackend()
+AGENT_ENV = AgentEnvFrameworkBackend()
