@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..environments._settings import SourceConfig, parse_instances
+from ..environments._settings import DEFAULT_MODE, parse_instances
 from ._common import one_line_errors
 
 __all__ = ["write"]
@@ -56,7 +56,7 @@ class _InstancesOption(click.Option):
 @click.option(
     "--mode",
     type=click.Choice(["process", "in-process"]),
-    default=SourceConfig.model_fields["mode"].default,
+    default=DEFAULT_MODE,
     show_default=True,
     help="Bundle instances as processes of their own, or inside the server (for thousands of episodes at once).",
 )

@@ -249,19 +249,21 @@ class ServerFolder:
     owner: str
 
 
-class Backend:
-    """One ``source.kind``. A subclass sets ``kind`` and ``protocol`` and gives ``launcher`` and ``inspect``; the
-    rest has defaults that fit a source that brings nothing of its own into the folder."""
+class Backend[SourceFields: SourceConfig]:
+    """One ``source.kind``. A subclass sets ``kind``, ``protocol`` and ``source_config`` (its kind's ``source`` block,
+    a ``SourceConfig`` with the fields it reads) and gives ``launcher`` and ``inspect``; the rest has defaults that fit
+    a source that brings nothing of its own into the folder."""
 
     kind: str  # the config's source.kind
     protocol: str  # the protocol's name, as a user reads it ("agentenv", "OpenEnv", "agent-env")
+    source_config: type[SourceConfig] = SourceConfig  # SourceFields: the class the server reads the block with
     # (minimum, maximum) instances when `gymhost write` is not told, by mode (a bundle's) or "" (any other kind)
     default_instances: ClassVar[Mapping[str, tuple[int, int]]] = {}
 
-    def launcher(self, source: SourceConfig, folder: ServerFolder) -> Launcher:
+    def launcher(self, source: SourceFields, folder: ServerFolder) -> Launcher:
         raise NotImplementedError
 
-    def bounds(self, source: SourceConfig) -> tuple[int, int]:
+    def bounds(self, source: SourceFields) -> tuple[int, int]:
         """(minimum, maximum) instances of a server with this source."""
         return source.instances, source.max_instances or source.instances
 

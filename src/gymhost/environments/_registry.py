@@ -6,6 +6,8 @@ subclasses say how to read, write and launch its sources, ``_backend``) and a li
 
 from __future__ import annotations
 
+from typing import Any
+
 from ._agentenv._backends import BUNDLE, URLS
 from ._backend import Backend, Source, WriteOptions
 from ._errors import SourceError
@@ -15,14 +17,15 @@ __all__ = ["BACKENDS", "backend_of", "inspect_source", "kinds"]
 
 # The order `gymhost write` asks them in: folders first (agent-env's format, then gymhost's own bundle, which says
 # what a folder lacks), then URLs (an OpenEnv server's Task API, then agentenv instances, which say what a URL lacks).
-BACKENDS: tuple[Backend, ...] = (AGENT_ENV, BUNDLE, OPENENV, URLS)
+# bundle and urls answer every folder and URL left to them: a new kind goes before them.
+BACKENDS: tuple[Backend[Any], ...] = (AGENT_ENV, BUNDLE, OPENENV, URLS)
 
 
 def kinds() -> tuple[str, ...]:
     return tuple(backend.kind for backend in BACKENDS)
 
 
-def backend_of(kind: str) -> Backend:
+def backend_of(kind: str) -> Backend[Any]:
     for backend in BACKENDS:
         if backend.kind == kind:
             return backend

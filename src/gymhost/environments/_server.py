@@ -11,7 +11,7 @@ agents use, and nemo-gym 0.7.0's ``resources_session_id`` flow, where the caller
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar
@@ -20,7 +20,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from nemo_gym import base_resources_server as gym
 from nemo_gym.server_utils import SESSION_ID_KEY
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 from starlette.middleware import Middleware
 
 from .._exceptions import FolderError
@@ -49,11 +49,21 @@ class WrittenResourcesServerConfig(gym.BaseResourcesServerConfig, PoolFields, Ep
     source: SourceConfig
     tasks: str = Field(default="tasks", description="Folder of <split>.jsonl task files, relative to the server folder")
 
-    @field_validator("source")
+    @field_validator("source", mode="before")
     @classmethod
-    def _known_kind(cls, source: SourceConfig) -> SourceConfig:
-        backend_of(source.kind)  # the registry is above the settings its backends read: checked here, not there
-        return source
+    def _kinds_fields(cls, block: Any) -> SourceConfig:
+        """The block read with its kind's class (``Backend.source_config``): each kind has fields of its own. The
+        registry is above the settings its backends read, so the kind is looked up here, not there."""
+        if isinstance(block, SourceConfig):
+            return block
+        if not isinstance(block, Mapping) or "kind" not in block:
+            raise ValueError("source: expected a mapping with a kind")
+        fields = backend_of(str(block["kind"])).source_config
+        try:
+            return fields.model_validate(dict(block))
+        except ValidationError as error:
+            where = (f"source.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+            raise ValueError(f"source.kind {block['kind']}: {'; '.join(where)}") from None
 
 
 class SeedRequest(gym.BaseSeedSessionRequest):  # type: ignore[misc]

@@ -15,8 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "DEFAULT_MINIMUM",
+    "DEFAULT_MODE",
     "EpisodeFields",
     "EpisodeSettings",
+    "Mode",
     "PoolFields",
     "PoolSettings",
     "SourceConfig",
@@ -25,6 +27,8 @@ __all__ = [
 ]
 
 Mode = Literal["process", "in_process"]
+# A bundle's instances: processes of their own unless a config or `gymhost write --mode` says otherwise.
+DEFAULT_MODE: Final[Mode] = "process"
 
 # Instances always up when a config does not say (a bundle's pool's minimum); each kind's defaults for
 # `gymhost write` are its backend's (``Backend.default_instances``).
@@ -51,43 +55,16 @@ def parse_instances(value: int | str | None) -> tuple[int, int] | None:
 
 
 class SourceConfig(BaseModel):
-    """Where the environment instances come from."""
+    """Where the environment instances come from: the fields every kind's ``source`` block has. Each backend declares
+    its kind's own fields in a subclass (``Backend.source_config``), and the server's config reads the block with the
+    class its ``kind`` names, so a new protocol's fields are its own."""
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: str = Field(
-        description="which backend reaches the instances: bundle, urls, openenv, agent_env (_registry; the "
-        "server's config checks it)"
-    )
-    path: str | None = Field(
-        default=None, description="bundle, agent_env: the bundle's folder, relative to the server folder"
-    )
-    mode: Mode = Field(
-        default="process", description="bundle: one process per instance, or instances inside the server"
-    )
-    instances: int = Field(
-        default=DEFAULT_MINIMUM,
-        ge=1,
-        description="bundle, openenv, agent_env: instances always up (the pool's minimum)",
-    )
+    kind: str = Field(description="which backend reaches the instances (_registry; the server's config checks it)")
+    instances: int = Field(default=DEFAULT_MINIMUM, ge=1, description="instances always up (the pool's minimum)")
     max_instances: int | None = Field(
-        default=None,
-        ge=1,
-        description="bundle, openenv, agent_env: the most instances (= concurrent episodes); unset: a fixed pool",
-    )
-    urls: list[str] = Field(
-        default_factory=list,
-        description="urls: one base URL per independent instance; openenv: the one URL of the OpenEnv server",
-    )
-    python: str | None = Field(
-        default=None,
-        description="agent_env: the Python of a venv with agentenv-framework[openenv], which runs agent-env's OpenEnv "
-        "app for the bundle",
-    )
-    reply_tool: str | None = Field(
-        default=None,
-        description="openenv, agent_env: the tool that ends the model's turn with its reply (agent-env's end_turn), "
-        "which a verify calls with the final assistant text while the turn is open; unset: none",
+        default=None, ge=1, description="the most instances (= concurrent episodes); unset: a fixed pool"
     )
 
     @model_validator(mode="after")

@@ -26,7 +26,7 @@ from ._backend import Backend, Source, WriteOptions
 from ._catalog import responses_tool, task_tools
 from ._errors import WriteError
 from ._registry import backend_of, inspect_source
-from ._settings import SourceConfig, parse_instances, written_settings
+from ._settings import DEFAULT_MODE, parse_instances, written_settings
 from ._tasks import Task
 
 __all__ = ["WrittenFolder", "awrite_folder", "write_folder"]
@@ -50,7 +50,7 @@ def write_folder(
     tasks_file: str | Path | None = None,
     urls: Sequence[str] = (),
     instances: int | str | None = None,
-    mode: str = SourceConfig.model_fields["mode"].default,
+    mode: str = DEFAULT_MODE,
     prompt_field: str | None = None,
     python: str | None = None,
     force: bool = False,
@@ -97,7 +97,7 @@ async def awrite_folder(
     tasks_file: str | Path | None = None,
     urls: Sequence[str] = (),
     instances: int | str | None = None,
-    mode: str = SourceConfig.model_fields["mode"].default,
+    mode: str = DEFAULT_MODE,
     prompt_field: str | None = None,
     python: str | None = None,
     force: bool = False,
@@ -156,7 +156,7 @@ def _default_name(source: Source) -> str:
 
 
 def _write_contents(
-    folder: Path, name: str, source: Source, backend: Backend, instances: tuple[int, int], mode: str
+    folder: Path, name: str, source: Source, backend: Backend[Any], instances: tuple[int, int], mode: str
 ) -> dict[str, int]:
     (folder / "configs").mkdir()
     (folder / "data").mkdir()
@@ -228,7 +228,7 @@ def _source_yaml(fields: list[tuple[str, Any, str]]) -> str:
 
 
 def _config_yaml(
-    name: str, source: Source, backend: Backend, source_block: str, tasks_path: str, rows: dict[str, int]
+    name: str, source: Source, backend: Backend[Any], source_block: str, tasks_path: str, rows: dict[str, int]
 ) -> str:
     q = json.dumps  # a JSON string is a valid YAML scalar
     datasets = "\n".join(
@@ -298,12 +298,12 @@ def _dataset_type(split: str) -> str:
     return split if split in ("train", "validation", "example") else "validation"
 
 
-def _requirements(source: Source, backend: Backend) -> str:
+def _requirements(source: Source, backend: Backend[Any]) -> str:
     lines = [gymhost_requirement(), gymhost_dependency("agentenv-framework-protocol"), *backend.requirements(source)]
     return "\n".join(dict.fromkeys(lines)) + "\n"
 
 
-def _readme(name: str, source: Source, backend: Backend, rows: dict[str, int]) -> str:
+def _readme(name: str, source: Source, backend: Backend[Any], rows: dict[str, int]) -> str:
     origin = (
         f"the {backend.protocol} bundle in `bundle/` (copied from `{source.bundle}`)"
         if source.bundle

@@ -12,19 +12,20 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentenv_protocol.client import find_extension
+from pydantic import Field
 
 from ..._exceptions import FolderError
 from .._backend import Backend, Catalog, Launcher, ServerFolder, Source, WriteOptions
 from .._catalog import checked
 from .._errors import CatalogError, DataPlaneError, EnvUnavailableError, SourceError
 from .._pool import Pool
-from .._settings import DEFAULT_MINIMUM, PoolSettings, SourceConfig
+from .._settings import DEFAULT_MINIMUM, DEFAULT_MODE, Mode, PoolSettings, SourceConfig
 from .._tasks import EnvironmentCriterion, ExtensionCriterion, Task, load_task_folder, load_tasks, write_task_folder
 from ._client import EnvClient
 from ._forking import BundleLauncher
 from ._launchers import ENTRY, InProcessLauncher, UrlLauncher
 
-__all__ = ["BUNDLE", "URLS", "BundleBackend", "UrlsBackend", "is_url"]
+__all__ = ["BUNDLE", "URLS", "BundleBackend", "BundleSource", "UrlsBackend", "UrlsSource", "is_url"]
 
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".venv", ".git", ".pytest_cache", ".mypy_cache")
 
@@ -48,7 +49,16 @@ def refuse_python(given: str, options: WriteOptions) -> None:
         raise SourceError(f"{given}: --python runs agent-env's app for an agent-env bundle; this is not one")
 
 
-class _AgentenvBackend(Backend):
+class BundleSource(SourceConfig):
+    path: str | None = Field(default=None, description="the bundle's folder, relative to the server folder")
+    mode: Mode = Field(default=DEFAULT_MODE, description="one process per instance, or instances inside the server")
+
+
+class UrlsSource(SourceConfig):
+    urls: list[str] = Field(default_factory=list, description="one base URL per independent instance")
+
+
+class _AgentenvBackend[S: SourceConfig](Backend[S]):
     protocol = "agentenv"
 
     def check_task(self, where: str, task: Task, catalog: Catalog) -> None:
@@ -81,8 +91,9 @@ tool reports an error); `/verify` grades the episode from the task's criteria, t
 with `mask_sample` true only when the infrastructure failed."""
 
 
-class BundleBackend(_AgentenvBackend):
+class BundleBackend(_AgentenvBackend[BundleSource]):
     kind = "bundle"
+    source_config = BundleSource
     # A training run keeps hundreds of episodes open, each holding its instance while the model thinks, so the pool
     # grows on demand. Process mode: instances are forked from a template that imported the environment once, each
     # with memory of its own, so the bound leaves room for environments heavier than gridsim (benchmarks/README.md
@@ -93,7 +104,7 @@ class BundleBackend(_AgentenvBackend):
         "in_process": (DEFAULT_MINIMUM, 512),
     }
 
-    def launcher(self, source: SourceConfig, folder: ServerFolder) -> Launcher:
+    def launcher(self, source: BundleSource, folder: ServerFolder) -> Launcher:
         if not source.path:
             raise FolderError(f"{folder.owner}: source.kind is bundle but source.path is not set")
         bundle = folder.resolve(source.path, "bundle")
@@ -153,15 +164,16 @@ class BundleBackend(_AgentenvBackend):
         return [line for line in lines if line and not line.startswith("#")]
 
 
-class UrlsBackend(_AgentenvBackend):
+class UrlsBackend(_AgentenvBackend[UrlsSource]):
     kind = "urls"
+    source_config = UrlsSource
 
-    def launcher(self, source: SourceConfig, folder: ServerFolder) -> Launcher:
+    def launcher(self, source: UrlsSource, folder: ServerFolder) -> Launcher:
         if not source.urls:
             raise FolderError(f"{folder.owner}: source.kind is urls but source.urls is empty")
         return UrlLauncher(source.urls)
 
-    def bounds(self, source: SourceConfig) -> tuple[int, int]:
+    def bounds(self, source: UrlsSource) -> tuple[int, int]:
         return len(source.urls), len(source.urls)  # exactly its URLs
 
     def instances(self, mode: str) -> tuple[int, int]:

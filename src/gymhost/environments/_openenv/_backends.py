@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import Field
+
 from ..._exceptions import FolderError
 from .._agentenv._backends import IGNORED, is_url, refuse_python, refuse_url_options
 from .._agentenv._launchers import ENTRY
@@ -27,7 +29,15 @@ from ._client import OpenEnvLauncher
 from ._task_api import TaskApi
 from ._tasks import openenv_tasks
 
-__all__ = ["AGENT_ENV", "OPENENV", "AgentEnvFrameworkBackend", "OpenEnvBackend", "reply_tool"]
+__all__ = [
+    "AGENT_ENV",
+    "OPENENV",
+    "AgentEnvFrameworkBackend",
+    "AgentEnvFrameworkSource",
+    "OpenEnvBackend",
+    "OpenEnvSource",
+    "reply_tool",
+]
 
 _END_TURN = "end_turn"
 _REPLY_TOOL_COMMENT = "a verify ends the model's open turn with its final text through it"
@@ -44,7 +54,28 @@ def reply_tool(tools: list[dict[str, Any]]) -> str | None:
     return None
 
 
-class _OpenEnvProtocol(Backend):
+class _RepliedSource(SourceConfig):
+    reply_tool: str | None = Field(
+        default=None,
+        description="the tool that ends the model's turn with its reply (agent-env's end_turn), which a verify calls "
+        "with the final assistant text while the turn is open; unset: none",
+    )
+
+
+class OpenEnvSource(_RepliedSource):
+    urls: list[str] = Field(default_factory=list, description="the one URL of the OpenEnv server")
+
+
+class AgentEnvFrameworkSource(_RepliedSource):
+    path: str | None = Field(default=None, description="the bundle's folder, relative to the server folder")
+    python: str | None = Field(
+        default=None,
+        description="the Python of a venv with agentenv-framework[openenv], which runs agent-env's OpenEnv app for "
+        "the bundle",
+    )
+
+
+class _OpenEnvProtocol[S: SourceConfig](Backend[S]):
     def check_task(self, where: str, task: Task, catalog: Catalog) -> None:
         if task.seed.reset is None or task.seed.parts:
             raise CatalogError(
@@ -65,7 +96,7 @@ class _OpenEnvProtocol(Backend):
 
 async def _inspect_server(
     kind: str,
-    rule: _OpenEnvProtocol,
+    rule: _OpenEnvProtocol[Any],
     api: TaskApi,
     environments: list[str],
     options: WriteOptions,
@@ -101,14 +132,15 @@ async def _inspect_server(
     return source
 
 
-class OpenEnvBackend(_OpenEnvProtocol):
+class OpenEnvBackend(_OpenEnvProtocol[OpenEnvSource]):
     kind = "openenv"
     protocol = "OpenEnv"
+    source_config = OpenEnvSource
     # An OpenEnv server's instances are its sessions, which the server bounds (max_concurrent_envs, 1 unless its
     # author raised it): one, and seeds beyond it wait for it; say the server's number with --instances.
     default_instances: ClassVar[Mapping[str, tuple[int, int]]] = {"": (1, 1)}
 
-    def launcher(self, source: SourceConfig, folder: ServerFolder) -> Launcher:
+    def launcher(self, source: OpenEnvSource, folder: ServerFolder) -> Launcher:
         if len(source.urls) != 1:
             raise FolderError(f"{folder.owner}: source.kind is openenv; source.urls needs its one URL")
         return OpenEnvLauncher(source.urls[0], folder.environment, reply_tool=source.reply_tool)
@@ -157,14 +189,15 @@ a connection lost, is a masked sample (`mask_sample` true, with a `failure_kind`
 wait for a session to end."""
 
 
-class AgentEnvFrameworkBackend(_OpenEnvProtocol):
+class AgentEnvFrameworkBackend(_OpenEnvProtocol[AgentEnvFrameworkSource]):
     kind = "agent_env"
     protocol = "agent-env"
+    source_config = AgentEnvFrameworkSource
     # agent-env's app for a bundle is started by the written server itself, with max_concurrent_envs its maximum:
     # agent-env's own default, 8 (every episode runs an agent proxy with a server of its own in that process).
     default_instances: ClassVar[Mapping[str, tuple[int, int]]] = {"": (1, 8)}
 
-    def launcher(self, source: SourceConfig, folder: ServerFolder) -> Launcher:
+    def launcher(self, source: AgentEnvFrameworkSource, folder: ServerFolder) -> Launcher:
         if not source.path or not source.python:
             raise FolderError(f"{folder.owner}: source.kind is agent_env; it needs source.path and source.python")
         python = shutil.which(source.python)
