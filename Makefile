@@ -31,7 +31,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-image bench-request-path clean check-pythons check-py312 check-py313
+.PHONY: test venvs lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-image bench-request-path clean check-pythons check-py312 check-py313
 
 check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -85,6 +85,18 @@ AGENTENV := GYMHOST_AGENT_ENV_PYTHON=$(CURDIR)/.venv-agentenv/bin/python
 	.venv-verifiers/bin/pip install -q -r tests/verifiers-requirements.txt $(PIP_QUIET)
 	touch $@
 
+# Every venv the tiers use, built four at a time (installing is mostly waiting on the package index); make test builds
+# them first.
+VENVS := .venv/.installed .venv-gym04/.installed .venv-gym07/.installed .venv-openenv/.installed \
+	.venv-agentenv/.installed .venv-verifiers/.installed .venv-manifests/.installed
+venvs:
+	$(MAKE) -j4 --output-sync=target $(VENVS)
+
+# The process-heavy tiers run on two pytest workers (pytest-xdist), a test file each at a time, so a module's
+# fixtures are built once: most of a test is waiting on server processes, which the other worker's test fills. (The
+# verifiers tier is one file whose module fixtures each serve one test: its tests are spread one by one.)
+PARALLEL := -n 2 --dist loadfile
+
 test-unit: .venv/.installed
 	.venv/bin/pytest -m "unit and not manifests"
 
@@ -97,18 +109,18 @@ test-manifests: .venv-manifests/.installed
 	.venv-manifests/bin/pytest tests/test_manifests.py -m manifests
 
 test-gym04: .venv-gym04/.installed .venv-openenv/.installed .venv-agentenv/.installed
-	$(OPENENV) $(AGENTENV) .venv-gym04/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers and not replay and not container"
+	$(OPENENV) $(AGENTENV) .venv-gym04/bin/pytest $(PARALLEL) -m "nemo_gym and not soak and not cluster and not verifiers and not replay and not container"
 
 test-gym07: .venv-gym07/.installed .venv-openenv/.installed .venv-agentenv/.installed
-	$(OPENENV) $(AGENTENV) .venv-gym07/bin/pytest -m "nemo_gym and not soak and not cluster and not verifiers and not replay and not container"
+	$(OPENENV) $(AGENTENV) .venv-gym07/bin/pytest $(PARALLEL) -m "nemo_gym and not soak and not cluster and not verifiers and not replay and not container"
 
 # The verifiers tier: the real trainer client (vf-eval, NeMo Gym taskset) against gymhost, on each nemo-gym version:
 # which one the server runs says nothing about what the client reads.
 VERIFIERS := $(OPENENV) $(AGENTENV) GYMHOST_VERIFIERS_BIN=$(CURDIR)/.venv-verifiers/bin
 test-verifiers: .venv-gym04/.installed .venv-gym07/.installed .venv-openenv/.installed .venv-agentenv/.installed \
 		.venv-verifiers/.installed
-	$(VERIFIERS) .venv-gym04/bin/pytest -m verifiers
-	$(VERIFIERS) .venv-gym07/bin/pytest -m verifiers
+	$(VERIFIERS) .venv-gym04/bin/pytest -n 2 -m verifiers
+	$(VERIFIERS) .venv-gym07/bin/pytest -n 2 -m verifiers
 
 # The replay tier: Gym's own recorded rollouts of every published folder that plays offline, replayed through
 # gymhost and held to the recorded rewards, on each nemo-gym version; folders whose requirements these venvs lack are
@@ -177,7 +189,7 @@ image: image-base
 test-container: image .venv-gym07/.installed .venv-verifiers/.installed
 	GYMHOST_IMAGE=$(IMAGE) GYMHOST_VERIFIERS_BIN=$(CURDIR)/.venv-verifiers/bin .venv-gym07/bin/pytest -m container
 
-test: lint typecheck docs test-unit test-manifests test-wheel test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers \
+test: venvs lint typecheck docs test-unit test-manifests test-wheel test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers \
 		test-container
 
 # The task format's JSON Schema is generated from its models; a unit test keeps the committed file current.

@@ -152,13 +152,16 @@ async def test_one_session_at_a_time_queues_the_episodes(gym: ServerProcess, fol
 
 async def test_more_sessions_than_the_server_allows_are_retried_then_masked(folder: Path) -> None:
     """A folder that asks for more sessions than the server has: a seed refused for capacity waits for a session as
-    it waits for an instance, up to lease_timeout_s (here the episodes are short, so all of them play), and one
-    refused for longer is a masked provider_unavailable, never a 0.0."""
-    two = ["--set", "source.max_instances=2", "--set", "lease_timeout_s=2"]
+    it waits for an instance, up to lease_timeout_s (the default's 30 s: all of them play, however busy the machine),
+    and one refused for longer is a masked provider_unavailable, never a 0.0."""
+    two = ["--set", "source.max_instances=2"]
     with serving(gymhost_command("serve", str(folder), "--port", "0", *two)) as gym:
         everything = rows(folder)
         answers = await asyncio.gather(*(play(gym.url, everything[i % 6]) for i in range(6)))
         assert all((a["reward"], a["mask_sample"]) == (1.0, False) for a in answers), answers
+    assert_stopped_cleanly(gym)
+    # a seed that waits longer than lease_timeout_s: short here, so the test does not wait the default's 30 s
+    with serving(gymhost_command("serve", str(folder), "--port", "0", *two, "--set", "lease_timeout_s=1")) as gym:
         async with EpisodeClient(gym.url) as holding, EpisodeClient(gym.url) as refused:
             await holding.seed(everything[0])  # holds the server's one session
             with pytest.raises(httpx.HTTPStatusError) as seed:

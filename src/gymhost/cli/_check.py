@@ -30,7 +30,7 @@ def check(folder: str, solutions_file: Path | None, allow_unchecked: bool) -> No
 
     with one_line_errors():
         require_nemo_gym()
-        from ..environments._check import check_folder, format_report, load_solutions
+        from ..environments._writing._check import check_folder, format_report, load_solutions
 
         checks = check_folder(folder, load_solutions(solutions_file) if solutions_file else None)
     click.echo(format_report(checks))

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ._errors import CatalogError, CheckError, SourceError, StartupError, TaskError, WriteError
     from ._server import WrittenResourcesServer, WrittenResourcesServerConfig
     from ._tasks import Task, load_tasks, task_schema
-    from ._writer import WrittenFolder, awrite_folder, write_folder
+    from ._writing._writer import WrittenFolder, awrite_folder, write_folder
 
     AgentEnvResourcesServer = WrittenResourcesServer
     AgentEnvResourcesServerConfig = WrittenResourcesServerConfig
@@ -49,7 +49,7 @@ _HOMES = {
     ),
     **dict.fromkeys(("WrittenResourcesServer", "WrittenResourcesServerConfig"), "_server"),
     **dict.fromkeys(("Task", "load_tasks", "task_schema"), "_tasks"),
-    **dict.fromkeys(("WrittenFolder", "awrite_folder", "write_folder"), "_writer"),
+    **dict.fromkeys(("WrittenFolder", "awrite_folder", "write_folder"), "_writing._writer"),
 }
 
 

@@ -18,12 +18,12 @@ from typing import Any
 
 import httpx
 
-from .._client import EpisodeClient
-from .._config import NO_TOKEN
-from .._hosting._app import HOSTED, create_app
-from .._hosting._lifespan import running_lifespan
-from ._errors import CheckError
-from ._tasks import Solution
+from ..._client import EpisodeClient
+from ..._config import NO_TOKEN
+from ..._hosting._app import HOSTED, create_app
+from ..._hosting._lifespan import running_lifespan
+from .._errors import CheckError
+from .._tasks import Solution
 
 __all__ = ["RowCheck", "check_folder", "format_report", "load_solutions"]
 
@@ -86,7 +86,7 @@ def load_solutions(path: Path) -> dict[tuple[str | None, str], Solution]:
 
 
 async def _check(folder: Path, solutions: dict[tuple[str | None, str], Solution]) -> list[RowCheck]:
-    from ._server import WrittenResourcesServer
+    from .._server import WrittenResourcesServer
 
     app = create_app(folder, token=NO_TOKEN)  # played in-process: no request crosses the network
     hosted = HOSTED.get(app)

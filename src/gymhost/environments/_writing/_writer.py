@@ -21,13 +21,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .._hosting._venvs import gymhost_dependency, gymhost_requirement
-from ._backend import Backend, Source, WriteOptions
-from ._catalog import responses_tool, task_tools
-from ._errors import WriteError
-from ._registry import backend_of, inspect_source
-from ._settings import DEFAULT_MODE, parse_instances, written_settings
-from ._tasks import Task
+from ..._hosting._venvs import gymhost_dependency, gymhost_requirement
+from .._backend import Backend, Source, WriteOptions
+from .._catalog import responses_tool, task_tools
+from .._errors import WriteError
+from .._registry import backend_of, inspect_source
+from .._settings import DEFAULT_MODE, parse_instances, written_settings
+from .._tasks import Task
 
 __all__ = ["WrittenFolder", "awrite_folder", "write_folder"]
 
