@@ -5,16 +5,18 @@
 # make bench: the benchmarks (benchmarks/README.md).
 # make image: gymhost's OCI image (deploy/container/Containerfile) with podman, tagged gymhost:<version> and :latest.
 #
-# Three venvs, because the tiers cannot share one:
+# Three gymhost venvs, because the tiers cannot share one:
 #   .venv        Python 3.12, gymhost without nemo-gym or omegaconf (with the dev and docs tools): proves the base
 #                install works alone, and builds the docs.
 #   .venv-gym04  Python 3.12, nemo-gym 0.4.0 (the version verifiers pins).
 #   .venv-gym07  Python 3.13, nemo-gym 0.7.0. nemo-gym >= 0.5 declares Requires-Python >= 3.13.14 and these
 #                machines have 3.13.0, so it is installed with --ignore-requires-python (it runs fine).
-# and three that are not gymhost's: .venv-openenv (Python 3.12, openenv 0.10.0) runs the OpenEnv example server the
+# three that are not gymhost's: .venv-openenv (Python 3.12, openenv 0.10.0) runs the OpenEnv example server the
 # nemo_gym tiers write from (its dependencies conflict with nemo-gym 0.4.0's), .venv-agentenv (Python 3.12,
 # agentenv-framework[openenv]) runs agent-env's own OpenEnv app for the agent-env example bundle (the same conflict),
-# and .venv-verifiers (Python 3.12, verifiers, which pins mcp 2) runs the real trainer client against a gymhost server.
+# and .venv-verifiers (Python 3.12, verifiers, which pins mcp 2) runs the real trainer client against a gymhost server;
+# and two tools' venvs: .venv-manifests (the schema checkers, with node) and .venv-wheel (gymhost's wheel installed
+# as a user installs it, test-wheel).
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -31,7 +33,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test venvs lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-image bench-request-path clean check-pythons check-py312 check-py313
+.PHONY: test test-tiers venvs lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-image bench-request-path clean check-pythons check-py312 check-py313
 
 check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -85,8 +87,7 @@ AGENTENV := GYMHOST_AGENT_ENV_PYTHON=$(CURDIR)/.venv-agentenv/bin/python
 	.venv-verifiers/bin/pip install -q -r tests/verifiers-requirements.txt $(PIP_QUIET)
 	touch $@
 
-# Every venv the tiers use, built four at a time (installing is mostly waiting on the package index); make test builds
-# them first.
+# Every venv the tiers use, built four at a time (installing is mostly waiting on the package index).
 VENVS := .venv/.installed .venv-gym04/.installed .venv-gym07/.installed .venv-openenv/.installed \
 	.venv-agentenv/.installed .venv-verifiers/.installed .venv-manifests/.installed
 venvs:
@@ -185,11 +186,17 @@ image: image-base
 	@echo "make image: built $(IMAGE) (also gymhost:latest), $$($(PODMAN) image inspect $(IMAGE) --format '{{.Size}}') bytes"
 
 # The container tier: the image run as deploy/kubernetes runs it (non-root, read-only root file system, its limits),
-# played through by the real vf-eval; and the manifests checked against the Kubernetes and Gateway API schemas.
+# played through by the real vf-eval (the manifests tier checks the manifests themselves).
 test-container: image .venv-gym07/.installed .venv-verifiers/.installed
 	GYMHOST_IMAGE=$(IMAGE) GYMHOST_VERIFIERS_BIN=$(CURDIR)/.venv-verifiers/bin .venv-gym07/bin/pytest -m container
 
-test: venvs lint typecheck docs test-unit test-manifests test-wheel test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers \
+# The venvs first, all of them (four at a time), then the tiers: the tiers' recipes never build a venv meanwhile,
+# under make -j too.
+test:
+	$(MAKE) venvs
+	$(MAKE) test-tiers
+
+test-tiers: lint typecheck docs test-unit test-manifests test-wheel test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers \
 		test-container
 
 # The task format's JSON Schema is generated from its models; a unit test keeps the committed file current.

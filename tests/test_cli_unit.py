@@ -117,3 +117,7 @@ def test_a_serve_config_made_in_python_reads_the_token_as_the_command_line_does(
     assert ServeConfig().app.token == "from-the-environment"
     monkeypatch.delenv("GYMHOST_TOKEN")
     assert ServeConfig().app.token is None
+    monkeypatch.setenv("GYMHOST_DRAIN_TIMEOUT", "300")
+    assert ServeConfig().drain_timeout == 300
+    monkeypatch.delenv("GYMHOST_DRAIN_TIMEOUT")
+    assert ServeConfig().drain_timeout == 120

@@ -23,6 +23,8 @@ UVICORN, HYPERCORN, GUNICORN = (
         ([UVICORN, "asgi:app", "--workers", "2"], {}, 2),
         ([UVICORN, "asgi:app", "--workers=3"], {}, 3),
         ([UVICORN, "asgi:app"], {"WEB_CONCURRENCY": "4"}, 4),
+        ([UVICORN, "asgi:app"], {"UVICORN_WORKERS": "2"}, 2),  # uvicorn reads UVICORN_<OPTION>
+        ([UVICORN, "asgi:app"], {"UVICORN_WORKERS": "3", "WEB_CONCURRENCY": "2"}, 3),  # before WEB_CONCURRENCY
         ([HYPERCORN, "asgi:app", "-w", "2"], {}, 2),
         ([HYPERCORN, "asgi:app", "-w2"], {}, 2),
         ([GUNICORN, "-k", "uvicorn.workers.UvicornWorker", "--workers", "5", "asgi:app"], {}, 5),
@@ -45,6 +47,8 @@ def test_several_workers_are_refused_naming_gymhost_serve_workers(
         ([UVICORN, "asgi:app"], {}),
         ([UVICORN, "asgi:app", "--workers", "1"], {"WEB_CONCURRENCY": "4"}),  # the flag wins, as in uvicorn
         ([HYPERCORN, "asgi:app"], {"WEB_CONCURRENCY": "4"}),  # hypercorn does not read it
+        ([UVICORN, "asgi:app", "--reload", "--workers", "2"], {}),  # uvicorn reloads one process
+        ([UVICORN, "asgi:app"], {"UVICORN_WORKERS": "2", "UVICORN_RELOAD": "true"}),
         ([GUNICORN, "-w", "1", "asgi:app"], {}),
         (["/usr/bin/python3", "-c", "import asgi"], {"WEB_CONCURRENCY": "4"}),  # no server of workers
         (["gymhost", "serve", ".", "--workers", "2"], {}),  # gymhost's own workers route by owner

@@ -178,6 +178,18 @@ async def test_a_third_protocol_is_its_backend_and_one_registry_line(tmp_path: P
 
 
 @pytest.mark.usefixtures("echo_registered")
+def test_the_config_gym_is_handed_keeps_the_kinds_own_fields() -> None:
+    """The server's config as Gym's global config holds it (dumped): the source block with its kind's fields."""
+    from gymhost.environments import WrittenResourcesServerConfig
+
+    block = {"kind": "echo", "greeting": "bonjour"}
+    gym = {"host": "127.0.0.1", "port": 1, "entrypoint": "app.py", "name": "echo", "environment": "echo"}
+    config = WrittenResourcesServerConfig.model_validate({**gym, "source": block})
+    assert isinstance(config.source, EchoSource)
+    assert block.items() <= config.model_dump(mode="json")["source"].items()
+
+
+@pytest.mark.usefixtures("echo_registered")
 async def test_a_source_field_of_another_kind_is_refused_by_name(tmp_path: Path) -> None:
     folder = (await awrite_folder("echo:bonjour", tmp_path)).path
     config = folder / "configs" / f"{folder.name}.yaml"

@@ -70,23 +70,24 @@ async def test_asgi_module_under_the_servers_own_command_line(
 
 
 @pytest.mark.parametrize(
-    "command",
+    ("command", "environ"),
     [
-        [sys.executable, "-m", "uvicorn", "asgi:app", "--port", "{port}", "--workers", "2"],
-        [sys.executable, "-m", "hypercorn", "asgi:app", "--bind", "127.0.0.1:{port}", "--workers", "2"],
-        ["{bin}/gunicorn", "-k", "uvicorn.workers.UvicornWorker", "-w", "2", "-b", "127.0.0.1:{port}", "asgi:app"],
+        ([sys.executable, "-m", "uvicorn", "asgi:app", "--port", "{port}", "--workers", "2"], {}),
+        ([sys.executable, "-m", "uvicorn", "asgi:app", "--port", "{port}"], {"UVICORN_WORKERS": "2"}),
+        ([sys.executable, "-m", "hypercorn", "asgi:app", "--bind", "127.0.0.1:{port}", "--workers", "2"], {}),
+        (["{bin}/gunicorn", "-k", "uvicorn.workers.UvicornWorker", "-w2", "-b", "127.0.0.1:{port}", "asgi:app"], {}),
     ],
-    ids=["uvicorn", "hypercorn", "gunicorn"],
+    ids=["uvicorn", "uvicorn-environment", "hypercorn", "gunicorn"],
 )
 def test_another_servers_workers_refuse_to_start_naming_gymhost_serve_workers(
-    gym_root: Path, command: list[str]
+    gym_root: Path, command: list[str], environ: dict[str, str]
 ) -> None:
     """Their workers share one socket with no regard for which holds an episode, so they would lose episodes: the
     server stops at start (the workers exit as workers that can never start), saying what works instead."""
     argv = [part.format(port=free_port(), bin=Path(sys.executable).parent) for part in command]
     folder = gym_root / "example_single_tool_call"
     # It stops by itself (uvicorn and hypercorn then exit 0, gunicorn 3): run_to_completion returns.
-    result = run_to_completion(argv, cwd=REPO, env={"GYMHOST_FOLDER": str(folder)}, timeout=120)
+    result = run_to_completion(argv, cwd=REPO, env={"GYMHOST_FOLDER": str(folder), **environ}, timeout=120)
     assert "gymhost: " in result.stderr, result.stderr
     assert "runs 2 workers of this app" in result.stderr, result.stderr
     assert "gymhost serve --workers 2" in result.stderr, result.stderr

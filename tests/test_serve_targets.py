@@ -69,7 +69,7 @@ def test_mistakes_are_one_line_naming_the_fix(gym_root: Path, tmp_path: Path) ->
         f"Error: {tmp_path / 'missing'}: no such folder; expected a resources-server folder with app.py and configs/"
     )
     line = one_error_line("serve", UNMET)
-    fix = "serve it with --venv (a venv of its own, built once, as Gym builds one), or install them here"
+    fix = "serve it with gymhost serve --venv (a venv of its own, built once, as Gym builds one), or install them here"
     assert line.startswith(f"Error: {UNMET}: its requirements.txt is not met here (jiwer"), line
     assert line.endswith(fix), line
 

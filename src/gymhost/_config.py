@@ -6,8 +6,10 @@ for what an app guards and measures (``create_app``, ``create_gateway``, the mid
 how ``gymhost serve`` runs it. The environments' settings have their own home, ``gymhost.environments._settings``.
 
 The ``GYMHOST_*`` environment variables are read here and nowhere else (one function each, below the names), so what
-the environment can change is one list. The one exception is agent-env's app script, which runs in agent-env's venv
-and imports nothing of gymhost (``environments/_openenv/_agent_env_app.py``).
+the environment can change is one list. ``gymhost serve``'s options name some of them as their environment variables
+(click reads those, and ``--help`` shows them); a ``ServeConfig`` made in Python reads the same ones here. The one
+exception is agent-env's app script, which runs in agent-env's venv and imports nothing of gymhost
+(``environments/_openenv/_agent_env_app.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from ._exceptions import ServeError
 
 __all__ = [
     "AGENT_ENV_PYTHON_ENV_VAR",
+    "DEFAULT_DRAIN_TIMEOUT",
     "DEFAULT_HOST",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JSON_DEPTH",
@@ -44,6 +47,7 @@ __all__ = [
     "ServeConfig",
     "ServerName",
     "configured_agent_env_python",
+    "configured_drain_timeout",
     "configured_folder",
     "configured_replica_id",
     "configured_secret",
@@ -65,6 +69,7 @@ FOLDER_ENV_VAR: Final = "GYMHOST_FOLDER"
 PARENT_PID_ENV_VAR: Final = "GYMHOST_PARENT_PID"  # a gymhost process another one started dies with it
 MASKED_VERDICTS_ENV_VAR: Final = "GYMHOST_MASKED_VERDICTS"
 DRAIN_TIMEOUT_ENV_VAR: Final = "GYMHOST_DRAIN_TIMEOUT"
+DEFAULT_DRAIN_TIMEOUT: Final = 120  # seconds; ServeConfig.drain_timeout says why
 VENV_DIR_ENV_VAR: Final = "GYMHOST_VENV_DIR"  # where folders' own venvs are kept (default ~/.cache/gymhost/venvs)
 AGENT_ENV_PYTHON_ENV_VAR: Final = "GYMHOST_AGENT_ENV_PYTHON"  # the interpreter with agentenv-framework[openenv]
 
@@ -84,6 +89,17 @@ def share_secret_with_children() -> None:
 def configured_replica_id() -> str | None:
     """``GYMHOST_REPLICA_ID``: this replica's name in the sessions it signs."""
     return os.environ.get(REPLICA_ENV_VAR) or None
+
+
+def configured_drain_timeout() -> int:
+    """``GYMHOST_DRAIN_TIMEOUT``, the drain's limit in seconds, when set; else ``DEFAULT_DRAIN_TIMEOUT``."""
+    value = os.environ.get(DRAIN_TIMEOUT_ENV_VAR, "").strip()
+    if not value:
+        return DEFAULT_DRAIN_TIMEOUT
+    try:
+        return int(value)
+    except ValueError:
+        raise ServeError(f"{DRAIN_TIMEOUT_ENV_VAR} is {value!r}; expected a whole number of seconds") from None
 
 
 def configured_folder() -> str:
@@ -231,7 +247,7 @@ class ServeConfig:
     # On SIGTERM or SIGINT the process first drains: no new episodes, open ones go on until they end or this passes.
     # Long enough for an episode with a model thinking between tool calls to finish; a Kubernetes pod needs
     # terminationGracePeriodSeconds above drain_timeout + graceful_timeout (deploy/ uses 160).
-    drain_timeout: int = 120
+    drain_timeout: int = field(default_factory=configured_drain_timeout)
     log_format: Literal["text", "json"] = "text"
     # The path prefix a proxy in front serves the app under (a gateway's process mount): uvicorn's root_path.
     root_path: str = ""

@@ -39,7 +39,11 @@ def foreign_workers(argv: Sequence[str], environ: Mapping[str, str]) -> str | No
     arguments = list(argv[1:])
     if server == "gunicorn":  # gunicorn reads GUNICORN_CMD_ARGS before its command line
         arguments = shlex.split(environ.get("GUNICORN_CMD_ARGS", "")) + arguments
+    if server == "uvicorn" and ("--reload" in arguments or _truthy(environ.get("UVICORN_RELOAD"))):
+        return None  # uvicorn reloads one process and ignores its worker count
     count = _flag(arguments, _WORKERS_FLAGS[server])
+    if count is None and server == "uvicorn":
+        count = environ.get("UVICORN_WORKERS")  # its options read UVICORN_<OPTION> when not given
     if count is None:
         config = _flag(arguments, _CONFIG_FLAGS[server])
         if server == "gunicorn" and config is None and Path("gunicorn.conf.py").is_file():
@@ -65,6 +69,10 @@ def foreign_workers(argv: Sequence[str], environ: Mapping[str, str]) -> str | No
         f"serve --workers {workers} (each request reaches the worker that holds its episode), or run {server} with "
         "one worker"
     )
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 def _server(argv: Sequence[str]) -> str | None:

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from .._config import (
+    DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     DRAIN_TIMEOUT_ENV_VAR,
     FOLDER_ENV_VAR,
@@ -101,7 +102,7 @@ __all__ = ["serve"]
     "--drain-timeout",
     envvar=DRAIN_TIMEOUT_ENV_VAR,
     show_envvar=True,
-    default=ServeConfig.drain_timeout,
+    default=DEFAULT_DRAIN_TIMEOUT,
     show_default=True,
     type=click.IntRange(0),
     help="On SIGTERM/SIGINT: seconds open episodes get to end (no new ones are taken) before the shutdown. A second "

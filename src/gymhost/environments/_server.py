@@ -20,7 +20,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from nemo_gym import base_resources_server as gym
 from nemo_gym.server_utils import SESSION_ID_KEY
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationError, field_validator
 from starlette.middleware import Middleware
 
 from .._exceptions import FolderError
@@ -46,7 +46,8 @@ class WrittenResourcesServerConfig(gym.BaseResourcesServerConfig, PoolFields, Ep
     their defaults, in ``_settings``)."""
 
     environment: str = Field(description="The environment card's name; startup refuses any other environment.")
-    source: SourceConfig
+    # as its kind's class (Backend.source_config) when dumped too: the config Gym's global config holds is the whole
+    source: SerializeAsAny[SourceConfig]
     tasks: str = Field(default="tasks", description="Folder of <split>.jsonl task files, relative to the server folder")
 
     @field_validator("source", mode="before")
