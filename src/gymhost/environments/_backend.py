@@ -260,6 +260,8 @@ class Backend[SourceFields: SourceConfig]:
     # (minimum, maximum) instances when `gymhost write` is not told, by mode (a bundle's) or "" (any other kind)
     default_instances: ClassVar[Mapping[str, tuple[int, int]]] = {}
 
+    # -- serve time: a written server's instances ----------------------------------------------------------------------
+
     def launcher(self, source: SourceFields, folder: ServerFolder) -> Launcher:
         raise NotImplementedError
 
@@ -267,8 +269,12 @@ class Backend[SourceFields: SourceConfig]:
         """(minimum, maximum) instances of a server with this source."""
         return source.instances, source.max_instances or source.instances
 
+    # -- both: the protocol's rules for tasks --------------------------------------------------------------------------
+
     def check_task(self, where: str, task: Task, catalog: Catalog) -> None:
         """Refuse (``CatalogError``) a task this protocol cannot seed or grade; the writer and the server ask."""
+
+    # -- write time: gymhost write (``_writing``) ----------------------------------------------------------------------
 
     async def inspect(self, given: str, options: WriteOptions) -> Source | None:
         """``given`` read as a source of this kind, or None when it is none (the registry asks the next)."""
