@@ -82,6 +82,22 @@ async def test_a_server_started_with_the_usual_limit_raises_it_and_answers_a_bur
     assert "open files" not in server.output, "a routine raise is not worth a line on loopback"
 
 
+@pytest.mark.parametrize("server_name", ["uvicorn", "hypercorn"])
+def test_the_listen_queue_holds_the_configured_backlog_under_either_server(gym_root: Path, server_name: str) -> None:
+    """A burst of connects waits in the listen queue until accepted: its length is ``ServeConfig.backlog``, as the
+    kernel caps it (net.core.somaxconn), under hypercorn as under uvicorn. (hypercorn listens again on the socket it
+    is given, with a backlog of its own, 100 unless told: 101 connects queued, the rest retried a second later.)"""
+    from gymhost import ServeConfig
+
+    cap = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    folder = str(gym_root / "example_single_tool_call")
+    with serving(gymhost_command("serve", folder, "--port", "0", "--server", server_name)) as server:
+        port = server.url.rsplit(":", 1)[1]
+        listening = subprocess.run(["ss", "-Hltn", f"sport = :{port}"], capture_output=True, text=True, check=True)
+        (line,) = listening.stdout.splitlines()
+    assert int(line.split()[2]) == min(ServeConfig.backlog, cap), line  # a listening socket's Send-Q: its backlog
+
+
 def open_files_limit(pid: int) -> tuple[int, int]:
     """A process's soft and hard limits of open files, as the kernel holds them."""
     limits = Path(f"/proc/{pid}/limits").read_text().splitlines()

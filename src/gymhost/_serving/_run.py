@@ -231,6 +231,8 @@ def _run_hypercorn(app: Any, sockets: list[socket.socket], config: ServeConfig) 
     hypercorn_config.bind = [f"fd://{os.dup(sock.fileno())}" for sock in sockets]
     hypercorn_config.loglevel = config.log_level.upper()
     hypercorn_config.keep_alive_timeout = config.timeout_keep_alive
+    # hypercorn listens again on the socket it is given, with its own backlog (100 by default): the configured one
+    hypercorn_config.backlog = config.backlog
     hypercorn_config.graceful_timeout = config.graceful_timeout
     hypercorn_config.root_path = config.root_path
     hypercorn_config.accesslog = "-" if config.access_log else None
