@@ -9,6 +9,12 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 # The load section has a block of its own: `run.py --only load` reruns it alone (a full run writes it too).
 LOAD_START, LOAD_END = "<!-- load:start -->", "<!-- load:end -->"
 WORKERS_START, WORKERS_END = "<!-- workers:start -->", "<!-- workers:end -->"  # and `run.py --only workers`
+HYPERCORN_START, HYPERCORN_END = "<!-- hypercorn:start -->", "<!-- hypercorn:end -->"  # and hypercorn_loops.py
+HYPERCORN_NAMES = {
+    "gymhost_hypercorn": "`gymhost serve --server hypercorn` (asyncio's loop)",
+    "hypercorn_asyncio": "`hypercorn gymhost.asgi:app -k asyncio`",
+    "hypercorn_uvloop": "`hypercorn gymhost.asgi:app -k uvloop`",
+}
 NAMES = {
     "bare_starlette": "(a) bare Starlette endpoint (limit)",
     "plain_fastapi": "plain FastAPI route, same models, no middleware (FastAPI's floor)",
@@ -376,6 +382,26 @@ def workers_tables(out: dict[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
+def hypercorn_tables(out: dict[str, Any], source: str) -> str:
+    """hypercorn on each loop at 256 connections: the tail beside the throughput."""
+    ratio = out["p99_vs_hypercorn_asyncio"]
+    lines = [
+        f"At {out['connections']} connections, {out['seconds']} s a round (wrk, one thread, keep-alive, 10 s"
+        f" timeout; raw numbers: [{source}]({source})). p99 of `gymhost serve --server hypercorn` within 2x"
+        f" `hypercorn asgi:app`'s: {'met' if ratio <= 2 else 'missed'} ({ratio}x).",
+        "",
+        "| server | req/s | p50 ms | p99 ms | max ms (worst round) | p99 of each round ms | errors |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, row in out["servers"].items():
+        rounds = ", ".join(f"{r['p99_ms']:g}" for r in row["rounds"])
+        lines.append(
+            f"| {HYPERCORN_NAMES[name]} | {row['rps']:,.0f} | {row['p50_ms']:g} | {row['p99_ms']:g} |"
+            f" {row['max_ms']:g} | {rounds} | {row['errors']} |"
+        )
+    return "\n".join(lines)
+
+
 def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
     """The tables of a full run between the results markers, and its load section (when it has one) between the
     load markers; a run of the load section alone (no ``tool_calls``) rewrites only the latter."""
@@ -386,6 +412,8 @@ def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
         text = _replace(text, LOAD_START, LOAD_END, load_tables(results, source))
     if "workers" in results:
         text = _replace(text, WORKERS_START, WORKERS_END, workers_tables(results["workers"], source))
+    if "hypercorn" in results:
+        text = _replace(text, HYPERCORN_START, HYPERCORN_END, hypercorn_tables(results["hypercorn"], source))
     readme.write_text(text)
 
 

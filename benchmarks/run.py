@@ -90,14 +90,18 @@ def server(command: list[str], url: str, *, cwd: Path | None = None, env: dict[s
             process.wait()
 
 
-def wrk(url: str, concurrency: int, seconds: int, cookie: str) -> dict[str, Any]:
+def wrk(url: str, concurrency: int, seconds: int, cookie: str, *, timeout_s: int | None = None) -> dict[str, Any]:
+    """One wrk run; ``timeout_s`` beyond wrk's default 2 s counts slow requests in the latencies, not as errors."""
     command = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "--latency", "-s", str(HERE / "post.lua"), url]
+    if timeout_s is not None:
+        command[1:1] = ["--timeout", f"{timeout_s}s"]
     out = subprocess.run(
         command, capture_output=True, text=True, check=True, env={**os.environ, "COOKIE": cookie}
     ).stdout
     latency = {q: _ms(v) for q, v in re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, flags=re.MULTILINE)}
     if set(latency) != {"50", "99"}:
         raise RuntimeError(f"unreadable wrk output:\n{out}")
+    slowest = re.search(r"^[ \t]+Latency[ \t]+\S+[ \t]+\S+[ \t]+(\S+)", out, flags=re.MULTILINE)
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     socket_errors = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     return {
@@ -105,6 +109,7 @@ def wrk(url: str, concurrency: int, seconds: int, cookie: str) -> dict[str, Any]
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),  # type: ignore[union-attr]
         "p50_ms": latency["50"],
         "p99_ms": latency["99"],
+        "max_ms": _ms(slowest.group(1)) if slowest else None,
         "errors": int(non_2xx.group(1)) if non_2xx else 0,
         "socket_errors": sum(int(n) for n in socket_errors.groups()) if socket_errors else 0,
     }
@@ -942,6 +947,8 @@ def main() -> None:
             alone[args.only] = section(Path(scratch), args.quick)
         write_results(alone, alone["date"][:10] + f"-{args.only}" + ("-quick" if args.quick else ""))
         return
+    import hypercorn_loops
+
     if shutil.which("wrk") is None:
         raise SystemExit("bench: wrk is not installed (Debian: apt-get install wrk); `make bench` installs it")
     seconds, rounds, scale_by, levels = (
@@ -966,6 +973,8 @@ def main() -> None:
         results["openenv"] = openenv_bridge(Path(scratch), scale_by)
         print("load (Gym's stated concurrency):")
         results["load"] = load(Path(scratch), args.quick)
+    print("hypercorn's loops:")
+    results["hypercorn"] = hypercorn_loops.measure(*((2, 1) if args.quick else (20, 3)))
     results["ratios"] = ratios(results)
     write_results(results, results["date"][:10] + ("-quick" if args.quick else ""))
     print(json.dumps(results["ratios"], indent=2))

@@ -54,6 +54,14 @@ def test_the_workers_block_is_the_rendering_of_the_latest_workers_run() -> None:
     assert ": met (" in block or ": missed (" in block
 
 
+def test_the_hypercorn_block_is_the_rendering_of_the_latest_hypercorn_run() -> None:
+    source, results = latest_run("hypercorn")
+    committed = (REPO / "benchmarks" / "README.md").read_text()
+    block = committed.split(report.HYPERCORN_START)[1].split(report.HYPERCORN_END)[0].strip()
+    assert block == report.hypercorn_tables(results["hypercorn"], source), "the hypercorn block is stale"  # type: ignore[arg-type]
+    assert ": met (" in block or ": missed (" in block
+
+
 def test_the_targets_say_met_or_missed_with_the_numbers() -> None:
     lines = [line for line in report.targets(latest_run()[1]) if line.startswith("- ")]
     assert len(lines) >= 8

@@ -260,12 +260,7 @@ def _run_hypercorn(app: Any, sockets: list[socket.socket], config: ServeConfig) 
             loop.add_signal_handler(signum, on_signal)
         await serve(app, hypercorn_config, shutdown_trigger=stop.wait)
 
-    asyncio.run(main(), loop_factory=_uvloop_factory())
-
-
-def _uvloop_factory() -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
+    # On asyncio's own loop, as hypercorn's command runs by default: on uvloop, 256 connections had a tail of
+    # seconds (benchmarks/README.md, "hypercorn's loop"), and libuv closes the connections it cannot accept for want
+    # of descriptors where asyncio leaves them queued.
+    asyncio.run(main())
