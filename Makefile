@@ -110,9 +110,11 @@ test-manifests: .venv-manifests/.installed
 	.venv-manifests/bin/pytest tests/test_manifests.py -m manifests
 
 test-gym04: .venv-gym04/.installed .venv-openenv/.installed .venv-agentenv/.installed
+	@command -v ss >/dev/null || { apt-get update -q >/dev/null; apt-get install -y -q iproute2 >/dev/null; }
 	$(OPENENV) $(AGENTENV) .venv-gym04/bin/pytest $(PARALLEL) -m "nemo_gym and not soak and not cluster and not verifiers and not replay and not container"
 
 test-gym07: .venv-gym07/.installed .venv-openenv/.installed .venv-agentenv/.installed
+	@command -v ss >/dev/null || { apt-get update -q >/dev/null; apt-get install -y -q iproute2 >/dev/null; }
 	$(OPENENV) $(AGENTENV) .venv-gym07/bin/pytest $(PARALLEL) -m "nemo_gym and not soak and not cluster and not verifiers and not replay and not container"
 
 # The verifiers tier: the real trainer client (vf-eval, NeMo Gym taskset) against gymhost, on each nemo-gym version:

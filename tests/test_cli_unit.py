@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 import gymhost
+from gymhost import ServeError
 from gymhost.cli import main
 
 from .conftest import REPO
@@ -119,5 +120,8 @@ def test_a_serve_config_made_in_python_reads_the_token_as_the_command_line_does(
     assert ServeConfig().app.token is None
     monkeypatch.setenv("GYMHOST_DRAIN_TIMEOUT", "300")
     assert ServeConfig().drain_timeout == 300
+    monkeypatch.setenv("GYMHOST_DRAIN_TIMEOUT", "-5")
+    with pytest.raises(ServeError, match=r"GYMHOST_DRAIN_TIMEOUT is '-5'; expected a whole number of seconds"):
+        ServeConfig()
     monkeypatch.delenv("GYMHOST_DRAIN_TIMEOUT")
     assert ServeConfig().drain_timeout == 120

@@ -48,7 +48,8 @@ def test_several_workers_are_refused_naming_gymhost_serve_workers(
         ([UVICORN, "asgi:app", "--workers", "1"], {"WEB_CONCURRENCY": "4"}),  # the flag wins, as in uvicorn
         ([HYPERCORN, "asgi:app"], {"WEB_CONCURRENCY": "4"}),  # hypercorn does not read it
         ([UVICORN, "asgi:app", "--reload", "--workers", "2"], {}),  # uvicorn reloads one process
-        ([UVICORN, "asgi:app"], {"UVICORN_WORKERS": "2", "UVICORN_RELOAD": "true"}),
+        ([UVICORN, "asgi:app"], {"UVICORN_WORKERS": "2", "UVICORN_RELOAD": "y"}),
+        ([UVICORN, "asgi:app"], {"UVICORN_WORKERS": ""}),  # empty is unset, as click reads it
         ([GUNICORN, "-w", "1", "asgi:app"], {}),
         (["/usr/bin/python3", "-c", "import asgi"], {"WEB_CONCURRENCY": "4"}),  # no server of workers
         (["gymhost", "serve", ".", "--workers", "2"], {}),  # gymhost's own workers route by owner

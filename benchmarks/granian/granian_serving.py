@@ -14,10 +14,12 @@ import signal
 import socket
 from typing import Any
 
+import uvloop
+
 from gymhost._config import ServeConfig
 from gymhost._exceptions import ServeError
 from gymhost._hosting._lifespan import LifespanRunner
-from gymhost._serving._run import _uvloop_factory, freeze_imported_heap
+from gymhost._serving._run import freeze_imported_heap
 
 
 def run_app_granian(app: Any, sock: socket.socket, config: ServeConfig, *, lifespan_runner: bool = True) -> None:
@@ -92,7 +94,7 @@ def _run_granian(app: Any, sock: socket.socket, config: ServeConfig) -> None:
             if task is not keep and id(task) not in workers:
                 task.cancel()
 
-    asyncio.run(serve(), loop_factory=_uvloop_factory())
+    asyncio.run(serve(), loop_factory=uvloop.new_event_loop)
 
 
 __all__ = ["run_app_granian"]

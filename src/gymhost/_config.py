@@ -96,10 +96,10 @@ def configured_drain_timeout() -> int:
     value = os.environ.get(DRAIN_TIMEOUT_ENV_VAR, "").strip()
     if not value:
         return DEFAULT_DRAIN_TIMEOUT
-    try:
-        return int(value)
-    except ValueError:
-        raise ServeError(f"{DRAIN_TIMEOUT_ENV_VAR} is {value!r}; expected a whole number of seconds") from None
+    seconds = int(value) if value.isdigit() else None
+    if seconds is None:
+        raise ServeError(f"{DRAIN_TIMEOUT_ENV_VAR} is {value!r}; expected a whole number of seconds, 0 or more")
+    return seconds
 
 
 def configured_folder() -> str:

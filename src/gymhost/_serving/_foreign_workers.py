@@ -43,7 +43,7 @@ def foreign_workers(argv: Sequence[str], environ: Mapping[str, str]) -> str | No
         return None  # uvicorn reloads one process and ignores its worker count
     count = _flag(arguments, _WORKERS_FLAGS[server])
     if count is None and server == "uvicorn":
-        count = environ.get("UVICORN_WORKERS")  # its options read UVICORN_<OPTION> when not given
+        count = environ.get("UVICORN_WORKERS") or None  # its options read UVICORN_<OPTION> (empty: unset)
     if count is None:
         config = _flag(arguments, _CONFIG_FLAGS[server])
         if server == "gunicorn" and config is None and Path("gunicorn.conf.py").is_file():
@@ -72,7 +72,7 @@ def foreign_workers(argv: Sequence[str], environ: Mapping[str, str]) -> str | No
 
 
 def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+    return (value or "").strip().lower() in ("1", "true", "t", "yes", "y", "on")  # click's spellings
 
 
 def _server(argv: Sequence[str]) -> str | None:
