@@ -10,6 +10,7 @@ START, END = "<!-- results:start -->", "<!-- results:end -->"
 LOAD_START, LOAD_END = "<!-- load:start -->", "<!-- load:end -->"
 WORKERS_START, WORKERS_END = "<!-- workers:start -->", "<!-- workers:end -->"  # and `run.py --only workers`
 HYPERCORN_START, HYPERCORN_END = "<!-- hypercorn:start -->", "<!-- hypercorn:end -->"  # and hypercorn_loops.py
+COLD_START, COLD_END = "<!-- cold-start:start -->", "<!-- cold-start:end -->"
 HYPERCORN_NAMES = {
     "gymhost_hypercorn": "`gymhost serve --server hypercorn` (asyncio's loop)",
     "hypercorn_asyncio": "`hypercorn gymhost.asgi:app -k asyncio`",
@@ -382,6 +383,40 @@ def workers_tables(out: dict[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
+def cold_start_tables(out: dict[str, Any], source: str) -> str:
+    """A cold batch and one start, instances constructed once in the template beside each constructing its own."""
+    each, once = out["construct_each"], out["construct_once"]
+    p99 = once["think_time"]["seed"]["p99_ms"]
+    lines = [
+        f"{out['episodes']} think-time episodes at once on a fresh default pool (process mode, 4 instances up), the"
+        f" round with the median seed p99 of {out['rounds']} interleaved rounds; then 40 instance starts one after"
+        f" another (raw numbers: [{source}]({source})). Seed p99 <= 2 s: {'met' if p99 <= 2000 else 'missed'}"
+        f" ({p99 / 1000:.2f} s; {out['p99_once_vs_each']}x the p99 with each instance constructing its own).",
+        "",
+        "| written gridsim server, default options | each instance constructs its own | constructed once, in the"
+        " template |",
+        "|---|---|---|",
+    ]
+
+    def row(label: str, value: Any) -> None:
+        lines.append(f"| {label} | {value(each)} | {value(once)} |")
+
+    row("seed p50 / p99, ms", lambda v: "{p50_ms:,.0f} / {p99_ms:,.0f}".format(**v["think_time"]["seed"]))
+    row("seed p99 of each round, ms", lambda v: ", ".join(f"{p:,.0f}" for p in v["seed_p99_ms_of_each_round"]))
+    row("pool peak, instances", lambda v: v["think_time"]["peak_instances"])
+    row("errors", lambda v: v["think_time"]["errors"])
+    row("one start, until it answers its card", lambda v: f"{v['starts']['wall_ms']:g} ms")
+    row(
+        "CPU of one start: instance / template / server",
+        lambda v: (
+            f"{v['starts']['instance_cpu_ms']:g} / {v['starts']['template_cpu_ms']:g} /"
+            f" {v['starts']['server_cpu_ms']:g} ms"
+        ),
+    )
+    row("an idle instance's own memory (PSS)", lambda v: f"{v['starts']['idle_instance_pss_mb']:g} MB")
+    return "\n".join(lines)
+
+
 def hypercorn_tables(out: dict[str, Any], source: str) -> str:
     """hypercorn on each loop at 256 connections: the tail beside the throughput."""
     ratio = out["p99_vs_hypercorn_asyncio"]
@@ -414,6 +449,8 @@ def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
         text = _replace(text, WORKERS_START, WORKERS_END, workers_tables(results["workers"], source))
     if "hypercorn" in results:
         text = _replace(text, HYPERCORN_START, HYPERCORN_END, hypercorn_tables(results["hypercorn"], source))
+    if "cold_start" in results:
+        text = _replace(text, COLD_START, COLD_END, cold_start_tables(results["cold_start"], source))
     readme.write_text(text)
 
 

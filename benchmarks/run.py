@@ -336,7 +336,7 @@ def sixty_four(url: str, rows: str, pid: int, quick: bool) -> dict[str, Any]:
     return played
 
 
-def instance_starts(folder: Path, count: int) -> dict[str, float]:
+def instance_starts(folder: Path, count: int, *, construct_once: bool = True) -> dict[str, float]:
     """``count`` process-mode instances started one after another by the launcher the pool uses, each until it
     answers its card (asked again every 50 ms while it cannot be reached, as the pool asks): wall time a start, the
     CPU of each process involved a start (this one, the template, the instances), and an idle instance's
@@ -356,7 +356,7 @@ def instance_starts(folder: Path, count: int) -> dict[str, float]:
                 await asyncio.sleep(0.05)
 
     async def run() -> dict[str, float]:
-        launcher = BundleLauncher(folder / "bundle")
+        launcher = BundleLauncher(folder / "bundle", construct_once=construct_once)
         settings = PoolSettings.model_validate({})
         first = await launcher.launch(0, settings)  # the template started and warm
         await answered(first.client)
@@ -430,6 +430,39 @@ def scale(root: Path, quick: bool) -> dict[str, Any]:
             result = loadgen("burst", url, str(folder / "data" / "eval.jsonl"), "--seeds", str(burst))
         out[f"cold_burst_{mode.replace('-', '_')}"] = result
         print(f"  cold burst, {mode}: {result['seeded']}/{burst} seeded, last after {result['last_seed_s']} s")
+    return out
+
+
+def cold_start(root: Path, quick: bool) -> dict[str, Any]:
+    """A cold training batch on the default pool (process mode, 4 instances up), with instances forked from one
+    environment the template constructed (``source.construct_once``, the default) against each instance constructing
+    its own (``false``, as before): 256 think-time episodes at once, in interleaved rounds on fresh servers, the
+    round with the median seed p99 of each; and 40 starts one after another by the pool's launcher, with the CPU of
+    each process a start."""
+    episodes, rounds = (64, 1) if quick else (256, 3)
+    folder = write_gridsim(root / "cold", instances=None, mode="process")
+    rows = str(folder / "data" / "eval.jsonl")
+    variants = {"construct_each": ["source.construct_once=false"], "construct_once": []}
+    played: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, settings in variants.items():
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            with server(gymhost_serve(folder, port, *settings), url) as process:
+                think = loadgen("think", url, rows, "--pid", str(process.pid), "--episodes", str(episodes),
+                                "--think", "0.5", "--calls", "4")  # fmt: skip
+            played[name].append(think)
+            print(f"  {name}: seed p50/p99 {think['seed'].get('p50_ms')}/{think['seed'].get('p99_ms')} ms,"
+                  f" {think['errors']} errors, peak {think['peak_instances']} instances")  # fmt: skip
+    out: dict[str, Any] = {"episodes": episodes, "rounds": rounds}
+    for name in variants:
+        by_p99 = sorted(played[name], key=lambda think: think["seed"].get("p99_ms") or 0.0)
+        out[name] = {"think_time": by_p99[len(by_p99) // 2], "seed_p99_ms_of_each_round": [
+            think["seed"].get("p99_ms") for think in played[name]]}  # fmt: skip
+        out[name]["starts"] = instance_starts(folder, 40, construct_once=name == "construct_once")
+    out["p99_once_vs_each"] = round(
+        out["construct_once"]["think_time"]["seed"]["p99_ms"] / out["construct_each"]["think_time"]["seed"]["p99_ms"], 2
+    )
     return out
 
 
@@ -935,13 +968,13 @@ def ratios(results: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="short measurements, for checking the harness")
-    parser.add_argument("--only", choices=["load", "scale", "workers"],
+    parser.add_argument("--only", choices=["load", "scale", "workers", "cold_start"],
                         help="one section alone: results/<date>-<section>.json")  # fmt: skip
     args = parser.parse_args()
     if args.only:
         alone: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                                  "machine": machine(), "quick": args.quick}  # fmt: skip
-        section = {"load": load, "scale": scale, "workers": workers}[args.only]
+        section = {"load": load, "scale": scale, "workers": workers, "cold_start": cold_start}[args.only]
         with tempfile.TemporaryDirectory(prefix="gymhost-bench-") as scratch:
             print(f"{args.only}:")
             alone[args.only] = section(Path(scratch), args.quick)
@@ -965,6 +998,8 @@ def main() -> None:
         results["concurrency"] = concurrency(Path(scratch), levels)
         print("scale:")
         results["scale"] = scale(Path(scratch), args.quick)
+        print("cold start (instances constructed once, or each):")
+        results["cold_start"] = cold_start(Path(scratch), args.quick)
         print("scale-out:")
         results["scale_out"] = scale_out(Path(scratch), args.quick)
         print("workers (verifiers-style, a connection per request):")

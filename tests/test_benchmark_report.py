@@ -62,6 +62,14 @@ def test_the_hypercorn_block_is_the_rendering_of_the_latest_hypercorn_run() -> N
     assert ": met (" in block or ": missed (" in block
 
 
+def test_the_cold_start_block_is_the_rendering_of_the_latest_cold_start_run() -> None:
+    source, results = latest_run("cold_start")
+    committed = (REPO / "benchmarks" / "README.md").read_text()
+    block = committed.split(report.COLD_START)[1].split(report.COLD_END)[0].strip()
+    assert block == report.cold_start_tables(results["cold_start"], source), "the cold-start block is stale"  # type: ignore[arg-type]
+    assert ": met (" in block or ": missed (" in block
+
+
 def test_the_targets_say_met_or_missed_with_the_numbers() -> None:
     lines = [line for line in report.targets(latest_run()[1]) if line.startswith("- ")]
     assert len(lines) >= 8

@@ -14,6 +14,7 @@ from typing import Any, Final, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "DEFAULT_CONSTRUCT_ONCE",
     "DEFAULT_MINIMUM",
     "DEFAULT_MODE",
     "EpisodeFields",
@@ -29,6 +30,10 @@ __all__ = [
 Mode = Literal["process", "in_process"]
 # A bundle's instances: processes of their own unless a config or `gymhost write --mode` says otherwise.
 DEFAULT_MODE: Final[Mode] = "process"
+
+# Process instances are forked from one environment the template constructed, where its constructor allows it
+# (``_agentenv/_template``): a start costs a fork, not a construction.
+DEFAULT_CONSTRUCT_ONCE: Final = True
 
 # Instances always up when a config does not say (a bundle's pool's minimum); each kind's defaults for
 # `gymhost write` are its backend's (``Backend.default_instances``).

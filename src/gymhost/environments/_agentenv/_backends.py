@@ -19,7 +19,7 @@ from .._backend import Backend, Catalog, Launcher, ServerFolder, Source, WriteOp
 from .._catalog import checked
 from .._errors import CatalogError, DataPlaneError, EnvUnavailableError, SourceError
 from .._pool import Pool
-from .._settings import DEFAULT_MINIMUM, DEFAULT_MODE, Mode, PoolSettings, SourceConfig
+from .._settings import DEFAULT_CONSTRUCT_ONCE, DEFAULT_MINIMUM, DEFAULT_MODE, Mode, PoolSettings, SourceConfig
 from .._tasks import EnvironmentCriterion, ExtensionCriterion, Task, load_task_folder, load_tasks, write_task_folder
 from ._client import EnvClient
 from ._forking import BundleLauncher
@@ -52,6 +52,10 @@ def refuse_python(given: str, options: WriteOptions) -> None:
 class BundleSource(SourceConfig):
     path: str | None = Field(default=None, description="the bundle's folder, relative to the server folder")
     mode: Mode = Field(default=DEFAULT_MODE, description="one process per instance, or instances inside the server")
+    construct_once: bool = Field(
+        default=DEFAULT_CONSTRUCT_ONCE,
+        description="process mode: instances forked from one constructed environment (false: each constructs its own)",
+    )
 
 
 class UrlsSource(SourceConfig):
@@ -112,7 +116,7 @@ class BundleBackend(_AgentenvBackend[BundleSource]):
             raise FolderError(f"{bundle}: no {ENTRY}; a bundle holds its environment in {ENTRY}")
         if source.mode == "in_process":
             return InProcessLauncher(bundle)
-        return BundleLauncher(bundle)
+        return BundleLauncher(bundle, construct_once=source.construct_once)
 
     async def inspect(self, given: str, options: WriteOptions) -> Source | None:
         if is_url(given):

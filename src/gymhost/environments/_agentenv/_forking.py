@@ -21,14 +21,15 @@ from pathlib import Path
 
 from .._backend import Instance
 from .._errors import StartupError
-from .._settings import PoolSettings
+from .._settings import DEFAULT_CONSTRUCT_ONCE, PoolSettings
 from ._channel import ChannelClient
 
-__all__ = ["SPAWNED", "TEMPLATE_READY", "BundleLauncher"]
+__all__ = ["CONSTRUCT_EACH", "SPAWNED", "TEMPLATE_READY", "BundleLauncher"]
 
 # The template's protocol (``_template``): it says TEMPLATE_READY fork|nofork, then answers each spawn with SPAWNED PID.
 TEMPLATE_READY = "gymhost-template"
 SPAWNED = "spawned"
+CONSTRUCT_EACH = "--construct-each"  # the template's option: each instance constructs its environment after its fork
 _STOP_GRACE_S = 5.0
 _TEMPLATE = ("-m", "gymhost.environments._agentenv._template")
 
@@ -125,11 +126,12 @@ class _Template:
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls, bundle: Path, timeout: float) -> _Template:
+    async def start(cls, bundle: Path, timeout: float, *, construct_once: bool) -> _Template:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             *_TEMPLATE,
             str(bundle),
+            *([] if construct_once else [CONSTRUCT_EACH]),
             stdin=asyncio.subprocess.PIPE,  # commands; closed (or the server dies): the template and its instances go
             stdout=asyncio.subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -169,8 +171,9 @@ class BundleLauncher:
 
     owns_instances = True
 
-    def __init__(self, bundle: Path) -> None:
+    def __init__(self, bundle: Path, *, construct_once: bool = DEFAULT_CONSTRUCT_ONCE) -> None:
         self.bundle = bundle
+        self.construct_once = construct_once
         self.description = f"bundle {bundle}"
         self._template: _Template | None = None
         self._starting = asyncio.Lock()
@@ -223,7 +226,7 @@ class BundleLauncher:
             if self._template is None or not self._template.alive():
                 if self._sockets is None:
                     self._sockets = Path(tempfile.mkdtemp(prefix="gymhost-instances-"))
-                self._template = await _Template.start(self.bundle, timeout)
+                self._template = await _Template.start(self.bundle, timeout, construct_once=self.construct_once)
             return self._template
 
 

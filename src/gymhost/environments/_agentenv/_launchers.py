@@ -34,9 +34,11 @@ from ._schema_cache import install as install_schema_cache
 
 __all__ = [
     "ENTRY",
+    "Constructed",
     "InProcessClient",
     "InProcessLauncher",
     "UrlLauncher",
+    "construct",
     "host_in_process",
     "load_environment_class",
     "stop_in_process",
@@ -157,21 +159,37 @@ class InProcessLauncher:
         pass
 
 
-async def host_in_process(environment_class: type[Any], index: int, data_timeout: float) -> Instance:
-    """An instance of ``environment_class`` in this process, its app's lifespan running: the server's in-process
-    instances, and the one an instance process serves over its channel (``_template``)."""
+@dataclass(frozen=True, eq=False)
+class Constructed:
+    """An environment constructed, with its MCP server and that server's ASGI app, not yet running: what an
+    instance needs before its event loop starts. A template process builds one and forks instances from it."""
+
+    environment: Any
+    mcp_app: Any
+    app: Any
+
+
+def construct(environment_class: type[Any]) -> Constructed:
+    """The environment's constructor, then its MCP server's: most of an instance's start-up CPU."""
     environment = environment_class()
     install_schema_cache()
     with fastmcp_leaves_logging_alone():
         mcp_app = environment.create_app()
         app = mcp_app.streamable_http_app()
+    return Constructed(environment, mcp_app, app)
+
+
+async def host_in_process(environment: type[Any] | Constructed, index: int, data_timeout: float) -> Instance:
+    """An instance in this process, its app's lifespan running: the server's in-process instances, and the one an
+    instance process serves over its channel (``_template``), constructed there or before its fork."""
+    built = environment if isinstance(environment, Constructed) else construct(environment)
     started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
     stop = asyncio.Event()
-    task = asyncio.create_task(_host(app, started, stop), name=f"gymhost-env-instance-{index}")
+    task = asyncio.create_task(_host(built.app, started, stop), name=f"gymhost-env-instance-{index}")
     await started
-    transport = httpx.ASGITransport(app=app)
+    transport = httpx.ASGITransport(app=built.app)
     url = f"http://instance-{index}.in-process"
-    client = InProcessClient(url, mcp_app=mcp_app, transport=transport, data_timeout=data_timeout)
+    client = InProcessClient(url, mcp_app=built.mcp_app, transport=transport, data_timeout=data_timeout)
     return Instance(index, client, hosted=_Hosted(task, stop))
 
 

@@ -1,0 +1,132 @@
+"""Process instances forked from one environment the template constructed: a copy each, nothing shared.
+
+The template constructs the environment once and forks every instance from it, where the constructor allows it
+(it starts no thread and leaves no file or socket open); otherwise, or when the folder says
+``source.construct_once: false``, each instance constructs its own after its fork, as before. Real template and
+instance processes, reached over their channels as a process-mode server reaches them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gymhost.environments._agentenv._forking import BundleLauncher
+from gymhost.environments._backend import Catalog, Instance
+from gymhost.environments._errors import EnvUnavailableError
+from gymhost.environments._settings import PoolSettings
+
+pytestmark = [pytest.mark.unit, pytest.mark.anyio]
+
+NOTES_ENV = """
+import os
+import socket
+import threading
+from typing import Any
+
+from agentenv_protocol import AgentEnvEnvironment, environment_card, tool
+
+
+@environment_card(name="notes")
+class NotesEnv(AgentEnvEnvironment):
+    def __init__(self) -> None:
+        self.constructed_in = os.getpid()
+        self.notes: list[str] = []
+        self.shared = {"notes": self.notes}  # nested state: a copy per instance too
+        CONSTRUCTOR_EXTRA
+
+    @tool(name="note")
+    async def note(self, text: str) -> dict[str, Any]:
+        \"\"\"Keep a note; answer every note kept, and where the environment was made and runs.\"\"\"
+        self.notes.append(text)
+        return {"notes": self.shared["notes"], "constructed_in": self.constructed_in, "serving_in": os.getpid()}
+"""
+
+# What a constructor may do that a fork cannot carry over: then each instance constructs its own.
+UNFORKABLE = {
+    "socket": ("self.socket = socket.socket()", "leaves a file or socket open"),
+    "thread": ("threading.Thread(target=threading.Event().wait, daemon=True).start()", "starts a thread"),
+}
+
+
+@asynccontextmanager
+async def launched(
+    tmp_path: Path, count: int, *, extra: str = "pass", construct_once: bool = True
+) -> AsyncIterator[tuple[BundleLauncher, list[Instance]]]:
+    bundle = tmp_path / "notes"
+    bundle.mkdir()
+    (bundle / "env.py").write_text(NOTES_ENV.replace("CONSTRUCTOR_EXTRA", extra))
+    launcher = BundleLauncher(bundle, construct_once=construct_once)
+    instances = []
+    try:
+        for index in range(count):
+            instance = await launcher.launch(index, PoolSettings())
+            instances.append(instance)
+            for _ in range(300):  # as the pool waits for a starting instance: until it describes itself
+                try:
+                    await instance.client.describe()
+                    break
+                except EnvUnavailableError:
+                    await asyncio.sleep(0.1)
+        yield launcher, instances
+    finally:
+        for instance in instances:
+            await launcher.stop(instance)
+        await launcher.close()
+
+
+async def note(instance: Instance, text: str) -> dict[str, Any]:
+    session = await instance.client.tool_session(Catalog("notes"), role=None, timeout=30).open()
+    try:
+        result = await session.call_tool("note", {"text": text})
+    finally:
+        await session.close()
+    assert not result.isError, result.text
+    answer: dict[str, Any] = json.loads(result.text)
+    return answer
+
+
+def template_pid(launcher: BundleLauncher) -> int:
+    assert launcher._template is not None
+    return launcher._template.process.pid
+
+
+async def test_instances_forked_from_one_constructed_environment_share_no_state(tmp_path: Path) -> None:
+    async with launched(tmp_path, 2) as (launcher, (first, second)):
+        one = await note(first, "a")
+        two = await note(second, "b")
+        again = await note(first, "c")
+        template = template_pid(launcher)
+    assert one["notes"] == ["a"]
+    assert two["notes"] == ["b"], "a note kept by one instance reached another"
+    assert again["notes"] == ["a", "c"]
+    # Constructed once, in the template, and forked: each instance serves in a process of its own.
+    assert one["constructed_in"] == two["constructed_in"] == template
+    assert len({one["serving_in"], two["serving_in"], template}) == 3
+
+
+async def test_construct_once_false_constructs_in_each_instance(tmp_path: Path) -> None:
+    async with launched(tmp_path, 2, construct_once=False) as (_, (first, second)):
+        one, two = await note(first, "a"), await note(second, "b")
+    assert one["constructed_in"] == one["serving_in"]
+    assert two["constructed_in"] == two["serving_in"]
+    assert (one["notes"], two["notes"]) == (["a"], ["b"])
+
+
+@pytest.mark.parametrize("kind", UNFORKABLE)
+async def test_a_constructor_a_fork_cannot_copy_runs_in_each_instance(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], kind: str
+) -> None:
+    extra, why = UNFORKABLE[kind]
+    async with launched(tmp_path, 2, extra=extra) as (_, (first, second)):
+        one, two = await note(first, "a"), await note(second, "b")
+    assert one["constructed_in"] == one["serving_in"]
+    assert two["constructed_in"] == two["serving_in"]
+    assert (one["notes"], two["notes"]) == (["a"], ["b"])
+    assert f"NotesEnv's constructor {why}: each instance constructs its own" in capfd.readouterr().err
