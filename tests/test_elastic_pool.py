@@ -128,7 +128,8 @@ async def test_start_ups_run_in_parallel_a_bounded_number_at_a_time(
     monkeypatch.setenv("STARTUP_SLEEP", "0.6")
     folder = await write(tmp_path, "1:7", slow=True)
     row = rows(folder)[0]
-    async with served(folder, parallel_startups=2) as transport:
+    # Each instance runs the slow constructor after its fork (by default the template would construct once).
+    async with served(folder, parallel_startups=2, source={"construct_once": False}) as transport:
         log.write_text("")  # only the start-ups the seeds cause
         held = await asyncio.gather(*(hold(transport, row) for _ in range(7)))
         assert [code for _, code in held] == [200] * 7

@@ -193,7 +193,8 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
     client inside the hanging call gets an error, not a wait forever. (test_agentenv_server covers SIGKILL of an
     idle server.)"""
     three = ["--set", "source.instances=3", "--set", "source.max_instances=3"]
-    command = gymhost_command("serve", str(folder), "--port", "0", *three)
+    each = ["--set", "source.construct_once=false"]  # each instance runs the slow constructor after its fork
+    command = gymhost_command("serve", str(folder), "--port", "0", *three, *each)
     # Instances take 2 s to start (after the fork, in the environment's constructor): the replacement is still
     # starting when the server is killed.
     with serving(command, env={"FAULTY_START_DELAY": "2"}) as server:

@@ -75,11 +75,12 @@ LAUNCHER_VARIABLES = ("NEMO_GYM_CONFIG_DICT", "NEMO_GYM_CONFIG_PATH", "GYMHOST_F
 UNSET: Any = object()  # a row field left out
 
 
-def budget(examples: int) -> settings:
+def budget(examples: int, *, derandomize: bool = False) -> settings:
     """Bounded: ``examples`` inputs, no deadline (the first request of a test may start slowly), no example database
     (nothing written into the checkout)."""
     return settings(
         max_examples=examples,
+        derandomize=derandomize,
         deadline=None,
         database=None,
         print_blob=True,
@@ -564,8 +565,9 @@ def test_openapi_operations_conform_and_never_500(counter_openapi: Any) -> None:
         if len(operation.body) or len(operation.path_parameters) or len(operation.query):
             modes.append(schemathesis.GenerationMode.NEGATIVE)  # nothing to get wrong in a bare GET
         for mode in modes:
-
-            @budget(SCHEMATHESIS_EXAMPLES_FOR.get(operation.path, SCHEMATHESIS_EXAMPLES))
+            # The same inputs every run: schemathesis's negative mode now and then mutates a schema into a `not`
+            # it cannot generate from (UnsupportedSchema, a failure of the generator, not of the server).
+            @budget(SCHEMATHESIS_EXAMPLES_FOR.get(operation.path, SCHEMATHESIS_EXAMPLES), derandomize=True)
             @given(case=operation.as_strategy(generation_mode=mode))
             def call(case: Any) -> None:
                 case.call_and_validate()

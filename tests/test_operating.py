@@ -114,7 +114,8 @@ async def test_readiness_follows_the_pool_and_a_drain_lets_open_episodes_finish(
     ready, new seeds 503 with Retry-After, the open episode plays to its reward, then the process exits, leaving no
     instance process behind."""
     folder = await awrite_faulty(tmp_path, instances=1)
-    with serve(folder, "--drain-timeout", "60", env={"FAULTY_START_DELAY": "2"}) as server:
+    each = ("--set", "source.construct_once=false")  # each instance runs the slow constructor after its fork
+    with serve(folder, "--drain-timeout", "60", *each, env={"FAULTY_START_DELAY": "2"}) as server:
         assert httpx.get(f"{server.url}/readyz").json() == {"status": "ok"}
         (instance,) = httpx.get(f"{server.url}/agentenv/pool").json()["instances"]
         os.kill(instance["pid"], signal.SIGKILL)
