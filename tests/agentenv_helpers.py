@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -115,6 +116,18 @@ async def served(folder: Path, **overrides: Any) -> AsyncIterator[httpx.ASGITran
     app = create_app(folder, **overrides)
     async with app.router.lifespan_context(app):
         yield httpx.ASGITransport(app=app)
+
+
+async def until_described(instance: Any) -> None:
+    """As the pool waits for a starting process instance: until it describes itself (30 s at most)."""
+    from gymhost.environments._errors import EnvUnavailableError
+
+    for _ in range(300):
+        try:
+            await instance.client.describe()
+            return
+        except EnvUnavailableError:
+            await asyncio.sleep(0.1)
 
 
 async def pool_status(base: str, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:

@@ -8,7 +8,6 @@ instance processes, reached over their channels as a process-mode server reaches
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,8 +18,9 @@ import pytest
 
 from gymhost.environments._agentenv._forking import BundleLauncher
 from gymhost.environments._backend import Catalog, Instance
-from gymhost.environments._errors import EnvUnavailableError
 from gymhost.environments._settings import PoolSettings
+
+from .agentenv_helpers import until_described
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -68,12 +68,7 @@ async def launched(
         for index in range(count):
             instance = await launcher.launch(index, PoolSettings())
             instances.append(instance)
-            for _ in range(300):  # as the pool waits for a starting instance: until it describes itself
-                try:
-                    await instance.client.describe()
-                    break
-                except EnvUnavailableError:
-                    await asyncio.sleep(0.1)
+            await until_described(instance)
         yield launcher, instances
     finally:
         for instance in instances:

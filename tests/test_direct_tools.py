@@ -24,8 +24,10 @@ from gymhost.environments._agentenv._direct import DirectToolSession
 from gymhost.environments._agentenv._forking import BundleLauncher
 from gymhost.environments._agentenv._launchers import InProcessLauncher
 from gymhost.environments._backend import Catalog, Instance
-from gymhost.environments._errors import EnvTimeoutError, EnvUnavailableError, McpSessionError
+from gymhost.environments._errors import EnvTimeoutError, McpSessionError
 from gymhost.environments._settings import PoolSettings
+
+from .agentenv_helpers import until_described
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -170,12 +172,7 @@ async def probe_process(tmp_path: Path) -> AsyncIterator[Instance]:
     launcher = BundleLauncher(bundle)
     instance = await launcher.launch(0, PoolSettings())
     try:
-        for _ in range(300):  # as the pool waits for a starting instance: until it describes itself
-            try:
-                await instance.client.describe()
-                break
-            except EnvUnavailableError:
-                await asyncio.sleep(0.1)
+        await until_described(instance)
         yield instance
     finally:
         await launcher.stop(instance)
