@@ -33,7 +33,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test test-tiers venvs lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-cold-start bench-image bench-hypercorn bench-request-path clean check-pythons check-py312 check-py313
+.PHONY: test test-tiers venvs lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path clean check-pythons check-py312 check-py313
 
 check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -234,6 +234,11 @@ bench-load: .venv-gym07/.installed
 # Workers alone (--workers 1 against 2, connections handed off or forwarded), into its own results.
 bench-workers: .venv-gym07/.installed
 	cd benchmarks && ../.venv-gym07/bin/python run.py --only workers
+
+# A written server's tool call beside its bare endpoint (benchmarks/written_calls.py); BASELINE=<revision> adds it.
+bench-written: .venv-gym07/.installed
+	@command -v wrk >/dev/null || apt-get install -y -q wrk
+	cd benchmarks && ../.venv-gym07/bin/python written_calls.py $(if $(BASELINE),--baseline $(BASELINE))
 
 # A cold batch with instances constructed once in the template, beside each constructing its own.
 bench-cold-start: .venv-gym07/.installed

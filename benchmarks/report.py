@@ -11,6 +11,7 @@ LOAD_START, LOAD_END = "<!-- load:start -->", "<!-- load:end -->"
 WORKERS_START, WORKERS_END = "<!-- workers:start -->", "<!-- workers:end -->"  # and `run.py --only workers`
 HYPERCORN_START, HYPERCORN_END = "<!-- hypercorn:start -->", "<!-- hypercorn:end -->"  # and hypercorn_loops.py
 COLD_START, COLD_END = "<!-- cold-start:start -->", "<!-- cold-start:end -->"
+WRITTEN_START, WRITTEN_END = "<!-- written:start -->", "<!-- written:end -->"  # and written_calls.py
 HYPERCORN_NAMES = {
     "gymhost_hypercorn": "`gymhost serve --server hypercorn` (asyncio's loop)",
     "hypercorn_asyncio": "`hypercorn gymhost.asgi:app -k asyncio`",
@@ -383,6 +384,36 @@ def workers_tables(out: dict[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
+def written_tables(out: dict[str, Any], source: str) -> str:
+    """A written server's tool call beside its bare endpoint (and, when measured, the revision before)."""
+    ratios = out["gymhost_vs_bare"]
+    met = min(ratios.values()) >= 0.6
+    levels = list(ratios)
+    names = {"bare": "(a) bare endpoint, the same call (limit)", "gymhost": "(b) `gymhost serve`, this checkout"}
+    if out.get("baseline"):
+        names["baseline"] = f"(c) `gymhost serve`, {out['baseline']} (FastAPI's dispatch)"
+    lines = [
+        f"`POST /gridsim_look` of one seeded episode, gridsim written in-process; wrk, one thread, keep-alive,"
+        f" {out['seconds']} s a point, the median of {out['rounds']} interleaved rounds (raw numbers:"
+        f" [{source}]({source})). gymhost >= 0.6x the bare endpoint: {'met' if met else 'missed'}"
+        f" ({', '.join(f'{ratios[c]:g}' for c in levels)} at c={', '.join(levels)}).",
+        "",
+        "| server | " + " | ".join(f"c={c} req/s | p50 / p99 ms" for c in levels) + " | CPU a request, µs (c=64) |",
+        "|---|" + "---|---|" * len(levels) + "---|",
+    ]
+    for name, label in names.items():
+        rows = out["servers"][name]
+        cells = " | ".join(f"{rows[c]['rps']:,.0f} | {rows[c]['p50_ms']:g} / {rows[c]['p99_ms']:g}" for c in levels)
+        lines.append(f"| {label} | {cells} | {rows['64']['cpu_us_per_request']:g} |")
+    lines += ["", "| ratio (throughput) | " + " | ".join(f"c={c}" for c in levels) + " |"]
+    lines.append("|---|" + "---|" * len(levels))
+    lines.append("| (b) / (a), target >= 0.6 | " + " | ".join(f"{ratios[c]:g}" for c in levels) + " |")
+    if out.get("baseline"):
+        before = out["gymhost_vs_baseline"]
+        lines.append("| (b) / (c), this checkout / before | " + " | ".join(f"{before[c]:g}" for c in levels) + " |")
+    return "\n".join(lines)
+
+
 def cold_start_tables(out: dict[str, Any], source: str) -> str:
     """A cold batch and one start, instances constructed once in the template beside each constructing its own."""
     each, once = out["construct_each"], out["construct_once"]
@@ -449,6 +480,8 @@ def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
         text = _replace(text, WORKERS_START, WORKERS_END, workers_tables(results["workers"], source))
     if "hypercorn" in results:
         text = _replace(text, HYPERCORN_START, HYPERCORN_END, hypercorn_tables(results["hypercorn"], source))
+    if "written" in results:
+        text = _replace(text, WRITTEN_START, WRITTEN_END, written_tables(results["written"], source))
     if "cold_start" in results:
         text = _replace(text, COLD_START, COLD_END, cold_start_tables(results["cold_start"], source))
     readme.write_text(text)

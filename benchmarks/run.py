@@ -90,13 +90,20 @@ def server(command: list[str], url: str, *, cwd: Path | None = None, env: dict[s
             process.wait()
 
 
-def wrk(url: str, concurrency: int, seconds: int, cookie: str, *, timeout_s: int | None = None) -> dict[str, Any]:
-    """One wrk run; ``timeout_s`` beyond wrk's default 2 s counts slow requests in the latencies, not as errors."""
+def wrk(
+    url: str, concurrency: int, seconds: int, cookie: str, *, timeout_s: int | None = None, body: str | None = None
+) -> dict[str, Any]:
+    """One wrk run; ``timeout_s`` beyond wrk's default 2 s counts slow requests in the latencies, not as errors;
+    ``body``: the JSON posted (post.lua's default: get_weather's)."""
     command = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "--latency", "-s", str(HERE / "post.lua"), url]
     if timeout_s is not None:
         command[1:1] = ["--timeout", f"{timeout_s}s"]
     out = subprocess.run(
-        command, capture_output=True, text=True, check=True, env={**os.environ, "COOKIE": cookie}
+        command,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COOKIE": cookie, **({"BODY": body} if body is not None else {})},
     ).stdout
     latency = {q: _ms(v) for q, v in re.findall(r"^\s+(50|99)%\s+(\S+)\s*$", out, flags=re.MULTILINE)}
     if set(latency) != {"50", "99"}:
@@ -981,6 +988,7 @@ def main() -> None:
         write_results(alone, alone["date"][:10] + f"-{args.only}" + ("-quick" if args.quick else ""))
         return
     import hypercorn_loops
+    import written_calls
 
     if shutil.which("wrk") is None:
         raise SystemExit("bench: wrk is not installed (Debian: apt-get install wrk); `make bench` installs it")
@@ -1010,6 +1018,8 @@ def main() -> None:
         results["load"] = load(Path(scratch), args.quick)
     print("hypercorn's loops:")
     results["hypercorn"] = hypercorn_loops.measure(*((2, 1) if args.quick else (20, 3)))
+    print("a written server's tool call:")
+    results["written"] = written_calls.measure(*((1, 1) if args.quick else (4, 3)))
     results["ratios"] = ratios(results)
     write_results(results, results["date"][:10] + ("-quick" if args.quick else ""))
     print(json.dumps(results["ratios"], indent=2))

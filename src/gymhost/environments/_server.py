@@ -11,13 +11,14 @@ agents use, and nemo-gym 0.7.0's ``resources_session_id`` flow, where the caller
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.routing import APIRoute
 from nemo_gym import base_resources_server as gym
 from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationError, field_validator
@@ -260,9 +261,10 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             path = f"/{tool['name']}"
             if path in existing:  # a second lifespan cycle of the same app
                 continue
-            app.add_api_route(
+            app.router.add_api_route(
                 path,
                 self._tool_endpoint(tool["name"]),
+                route_class_override=_ToolRoute,
                 methods=["POST"],
                 summary=tool["name"],
                 description=tool.get("description") or "",
@@ -278,10 +280,13 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             # Last, so it answers only a POST no other route took: a tool this server does not have.
             names = ", ".join(tool["name"] for tool in episodes.tools)
 
-            async def unknown_tool(name: str) -> Response:
+            async def unknown_tool(request: Request) -> Response:
+                name = request.path_params["name"]
                 return _error(404, f"no tool {name!r} here; the tools are: {names}")
 
-            app.add_api_route("/{name}", unknown_tool, methods=["POST"], include_in_schema=False)
+            app.router.add_api_route(
+                "/{name}", unknown_tool, route_class_override=_ToolRoute, methods=["POST"], include_in_schema=False
+            )
 
     def _tool_endpoint(self, name: str) -> Callable[[Request], Any]:
         async def call_tool(request: Request) -> Response:
@@ -311,6 +316,17 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         if not path.exists():
             raise FolderError(f"{path}: no such {what} folder (config field of {type(self).__name__}: {value!r})")
         return path
+
+
+class _ToolRoute(APIRoute):
+    """A tool's route, whose endpoint reads the request and answers the response itself: FastAPI's handler around
+    an endpoint (solving its dependencies, reading and validating a body, validating and serializing a response)
+    has nothing to do here but costs every call, so the endpoint is the handler. FastAPI's request wrapper, its
+    exception handling and the route's OpenAPI entry are FastAPI's own, as for any route."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler: Callable[[Request], Coroutine[Any, Any, Response]] = self.endpoint
+        return handler
 
 
 def _error(status: int, detail: str) -> Response:
