@@ -46,27 +46,22 @@ def test_the_load_block_is_the_rendering_of_the_latest_load_run() -> None:
     assert block == report.load_tables(results, source), "the load block is not the rendering of the latest load run"
 
 
-def test_the_workers_block_is_the_rendering_of_the_latest_workers_run() -> None:
-    source, results = latest_run("workers")
+# The blocks a section's own run rewrites: (section, start marker, end marker, renderer).
+SECTION_BLOCKS = {
+    "workers": (report.WORKERS_START, report.WORKERS_END, report.workers_tables),
+    "hypercorn": (report.HYPERCORN_START, report.HYPERCORN_END, report.hypercorn_tables),
+    "cold_start": (report.COLD_START, report.COLD_END, report.cold_start_tables),
+    "written": (report.WRITTEN_START, report.WRITTEN_END, report.written_tables),
+}
+
+
+@pytest.mark.parametrize("section", SECTION_BLOCKS)
+def test_each_sections_block_is_the_rendering_of_its_latest_run(section: str) -> None:
+    start, end, render = SECTION_BLOCKS[section]
+    source, results = latest_run(section)
     committed = (REPO / "benchmarks" / "README.md").read_text()
-    block = committed.split(report.WORKERS_START)[1].split(report.WORKERS_END)[0].strip()
-    assert block == report.workers_tables(results["workers"], source), "the workers block is stale"  # type: ignore[arg-type]
-    assert ": met (" in block or ": missed (" in block
-
-
-def test_the_hypercorn_block_is_the_rendering_of_the_latest_hypercorn_run() -> None:
-    source, results = latest_run("hypercorn")
-    committed = (REPO / "benchmarks" / "README.md").read_text()
-    block = committed.split(report.HYPERCORN_START)[1].split(report.HYPERCORN_END)[0].strip()
-    assert block == report.hypercorn_tables(results["hypercorn"], source), "the hypercorn block is stale"  # type: ignore[arg-type]
-    assert ": met (" in block or ": missed (" in block
-
-
-def test_the_cold_start_block_is_the_rendering_of_the_latest_cold_start_run() -> None:
-    source, results = latest_run("cold_start")
-    committed = (REPO / "benchmarks" / "README.md").read_text()
-    block = committed.split(report.COLD_START)[1].split(report.COLD_END)[0].strip()
-    assert block == report.cold_start_tables(results["cold_start"], source), "the cold-start block is stale"  # type: ignore[arg-type]
+    block = committed.split(start)[1].split(end)[0].strip()
+    assert block == render(results[section], source), f"the {section} block is stale"
     assert ": met (" in block or ": missed (" in block
 
 
