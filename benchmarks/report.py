@@ -417,7 +417,7 @@ def written_tables(out: dict[str, Any], source: str) -> str:
 def cold_start_tables(out: dict[str, Any], source: str) -> str:
     """A cold batch and one start, instances constructed once in the template beside each constructing its own."""
     each, once = out["construct_each"], out["construct_once"]
-    p99 = once["think_time"]["seed"]["p99_ms"]
+    p99 = once["think_time"]["seed"].get("p99_ms") or float("inf")  # no seed answered: no p99, and missed
     lines = [
         f"{out['episodes']} think-time episodes at once on a fresh default pool (process mode, 4 instances up), the"
         f" round with the median seed p99 of {out['rounds']} interleaved rounds; then 40 instance starts one after"

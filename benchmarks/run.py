@@ -467,9 +467,8 @@ def cold_start(root: Path, quick: bool) -> dict[str, Any]:
         out[name] = {"think_time": by_p99[len(by_p99) // 2], "seed_p99_ms_of_each_round": [
             think["seed"].get("p99_ms") for think in played[name]]}  # fmt: skip
         out[name]["starts"] = instance_starts(folder, 40, construct_once=name == "construct_once")
-    out["p99_once_vs_each"] = round(
-        out["construct_once"]["think_time"]["seed"]["p99_ms"] / out["construct_each"]["think_time"]["seed"]["p99_ms"], 2
-    )
+    once, each = (out[name]["think_time"]["seed"].get("p99_ms") for name in ("construct_once", "construct_each"))
+    out["p99_once_vs_each"] = round(once / each, 2) if once and each else None
     return out
 
 

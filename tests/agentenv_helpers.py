@@ -128,6 +128,7 @@ async def until_described(instance: Any) -> None:
             return
         except EnvUnavailableError:
             await asyncio.sleep(0.1)
+    raise AssertionError(f"instance {instance.index} did not describe itself within 30 s")
 
 
 async def pool_status(base: str, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:

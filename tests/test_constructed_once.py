@@ -25,9 +25,12 @@ from .agentenv_helpers import until_described
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
 NOTES_ENV = """
+import _thread
 import os
 import socket
+import tempfile
 import threading
+import time
 from typing import Any
 
 from agentenv_protocol import AgentEnvEnvironment, environment_card, tool
@@ -52,6 +55,11 @@ class NotesEnv(AgentEnvEnvironment):
 UNFORKABLE = {
     "socket": ("self.socket = socket.socket()", "leaves a file or socket open"),
     "thread": ("threading.Thread(target=threading.Event().wait, daemon=True).start()", "starts a thread"),
+    # A thread threading does not count, as native code starts them: the kernel counts it.
+    "native thread": ("_thread.start_new_thread(time.sleep, (60,))", "starts a thread"),
+    # A directory made and kept by path, with no descriptor left open: every instance would share it.
+    "directory": ("self.workdir = tempfile.mkdtemp()", "reaches outside its process: it calls tempfile.mkdtemp"),
+    "file": ("open(os.path.join(tempfile.gettempdir(), f'notes-{os.getpid()}'), 'w').close()", "reaches outside"),
 }
 
 
@@ -106,6 +114,14 @@ async def test_instances_forked_from_one_constructed_environment_share_no_state(
     assert len({one["serving_in"], two["serving_in"], template}) == 3
 
 
+async def test_a_constructor_that_only_reads_files_is_constructed_once(tmp_path: Path) -> None:
+    extra = "self.source = open(__file__).read()"  # read, and closed: nothing outside the process changes
+    async with launched(tmp_path, 2, extra=extra) as (launcher, (first, second)):
+        one, two = await note(first, "a"), await note(second, "b")
+        template = template_pid(launcher)
+    assert one["constructed_in"] == two["constructed_in"] == template
+
+
 async def test_construct_once_false_constructs_in_each_instance(tmp_path: Path) -> None:
     async with launched(tmp_path, 2, construct_once=False) as (_, (first, second)):
         one, two = await note(first, "a"), await note(second, "b")
@@ -124,4 +140,5 @@ async def test_a_constructor_a_fork_cannot_copy_runs_in_each_instance(
     assert one["constructed_in"] == one["serving_in"]
     assert two["constructed_in"] == two["serving_in"]
     assert (one["notes"], two["notes"]) == (["a"], ["b"])
-    assert f"NotesEnv's constructor {why}: each instance constructs its own" in capfd.readouterr().err
+    said = "NotesEnv: each instance constructs its own environment: its constructor "
+    assert said + why in capfd.readouterr().err

@@ -325,6 +325,8 @@ class _ToolRoute(APIRoute):
     exception handling and the route's OpenAPI entry are FastAPI's own, as for any route."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        if self.dependant.dependencies:  # a router's dependencies would need solving: FastAPI's handler, then
+            return super().get_route_handler()
         handler: Callable[[Request], Coroutine[Any, Any, Response]] = self.endpoint
         return handler
 

@@ -137,7 +137,8 @@ class _Template:
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
         try:
-            words = await _line(process, timeout)
+            # Importing, then constructing twice (in a throwaway child, then for good): more than one start's limit.
+            words = await _line(process, timeout * (3 if construct_once else 1))
         except BaseException:
             await _terminate(process)
             raise

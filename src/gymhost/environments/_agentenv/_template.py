@@ -8,11 +8,10 @@ milliseconds, and shares the imported pages with its siblings until it writes to
 
 The protocol on the template's stdin and stdout, one line each way:
 
-- the template says ``gymhost-template fork`` once it has imported everything (``nofork``, and exits, when the
+- the template says ``gymhost-template fork`` once it has imported everything and, unless told
+  ``--construct-each``, constructed the environment where that is safe (``nofork``, and exits, when the
   environment's import started threads, which a fork would not carry over: then the launcher starts each instance
   as a process of its own, ``--serve PATH``);
-- before it says ``fork``, it constructs the environment once, unless told ``--construct-each`` or the constructor
-  does not allow it (below): each instance is then forked already constructed;
 - ``spawn PATH`` asks for an instance answering on the Unix socket PATH; the template binds PATH, forks and answers
   ``spawned PID`` at once, and the instance answers there when it is ready: the pool's first describe connects at
   once and waits in the socket's queue, with no polling for the socket to appear (``failed ERROR``: PATH could not
@@ -21,15 +20,8 @@ The protocol on the template's stdin and stdout, one line each way:
 An instance runs its environment as the server runs an in-process one (``_launchers.host_in_process``) and answers
 the server's calls over its private channel (``_channel``): no ASGI server and no HTTP in the instance.
 
-Constructing the environment (its constructor, then FastMCP's: settings read from the process environment, a pydantic
-model for each tool) is most of an instance's start-up CPU, and a pool that grows under a cold training batch pays it
-once an instance. Done once in the template, it is paid once: each instance is a copy of that one environment, with
-memory of its own from the fork on (nothing one instance changes reaches another). That is safe when the constructor
-starts no thread (a fork does not carry threads over) and leaves no file or socket open (a descriptor would be shared
-by every instance). The template checks both by constructing once in a throwaway child first; when either fails, or
-the constructor raises, each instance constructs its own after the fork, as before. What a constructor draws at
-random is then the same in every instance (Python's ``random`` module itself is reseeded in each): an environment
-that needs its own randomness per instance draws it in its reset, or its folder sets ``source.construct_once: false``.
+Where it is safe, the template constructs the environment once and every instance is a copy of it
+(``_construct_once``); otherwise each instance constructs its own after its fork.
 
 No instance outlives the server. The template exits when its stdin reaches end of file, which happens when the
 server closes it or dies by any signal; each instance asks the kernel to kill it when the template exits
@@ -50,16 +42,13 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-import httpx
-
 from ..._sessions._identity import die_with_parent
 from .._errors import StartupError
 from ._channel import listen_at, serve_instance
-from ._client import EnvClient
+from ._construct_once import constructed_once
 from ._forking import CONSTRUCT_EACH, SPAWNED, TEMPLATE_READY
-from ._launchers import Constructed, construct, host_in_process, load_environment_class, stop_in_process
+from ._launchers import Constructed, host_in_process, load_environment_class, stop_in_process
 from ._schema_cache import install as install_schema_cache
-from ._schema_cache import prepare
 
 _NO_NETWORK_TIMEOUT_S = 3600.0
 
@@ -85,7 +74,7 @@ def _template(bundle: Path, *, construct_once: bool) -> None:
     if threading.active_count() != 1 or not hasattr(os, "fork"):
         _say(replies, f"{TEMPLATE_READY} nofork")
         return  # the launcher starts each instance with --serve instead
-    environment = _constructed_once(environment_class) if construct_once else environment_class
+    environment = constructed_once(environment_class) if construct_once else environment_class
     _say(replies, f"{TEMPLATE_READY} fork")
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the instances; the server watches them by pidfd
     gc.collect()
@@ -154,61 +143,6 @@ async def _instance(environment: type[Any] | Constructed, listening: socket.sock
     await stop.wait()
     server.close()
     await stop_in_process(instance)
-
-
-def _constructed_once(environment_class: type[Any]) -> type[Any] | Constructed:
-    """The environment constructed here, for every instance to be forked from, if a throwaway child's construction
-    started no thread and left no descriptor open; otherwise the class, for each instance to construct its own."""
-    probe = os.fork()
-    if probe == 0:
-        os._exit(_construction_problem(environment_class))
-    _, status = os.waitpid(probe, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        why = _PROBLEMS.get(code, f"ended its process with status {code}")
-        print(
-            f"gymhost: {environment_class.__name__}'s constructor {why}: each instance constructs its own",
-            file=sys.stderr,
-            flush=True,
-        )
-        return environment_class
-    constructed = construct(environment_class)
-    asyncio.run(_prepare(constructed))
-    return constructed
-
-
-async def _prepare(constructed: Constructed) -> None:
-    """What each instance would build on its first requests, built once here: each tool's argument and result
-    schema validators (``_schema_cache``), and what the first read of the card builds on its way through httpx and
-    the app (ABC checks, the app's middleware stack). Best effort: what fails here is built in the instance."""
-    with contextlib.suppress(Exception):
-        tools = await constructed.mcp_app.list_tools()
-        prepare(schema for tool in tools for schema in (tool.inputSchema, tool.outputSchema) if schema is not None)
-    transport = httpx.ASGITransport(app=constructed.app)
-    client = EnvClient("http://template.in-process", transport=transport, data_timeout=_NO_NETWORK_TIMEOUT_S)
-    with contextlib.suppress(Exception):
-        await client.card()
-    await client.aclose()
-
-
-_PROBLEMS = {1: "raised", 2: "starts a thread", 3: "leaves a file or socket open"}
-
-
-def _construction_problem(environment_class: type[Any]) -> int:
-    """In the throwaway child: 0 when constructing the environment is safe to fork from, else a key of _PROBLEMS."""
-    try:
-        die_with_parent(signal.SIGKILL)
-        threads, descriptors = threading.active_count(), _descriptors()
-        construct(environment_class)
-        if threading.active_count() != threads:
-            return 2
-        return 3 if _descriptors() != descriptors else 0
-    except BaseException:
-        return 1
-
-
-def _descriptors() -> frozenset[str]:
-    return frozenset(os.listdir("/proc/self/fd"))
 
 
 def _load(bundle: Path) -> type[Any]:
