@@ -32,7 +32,7 @@ Mode = Literal["process", "in_process"]
 DEFAULT_MODE: Final[Mode] = "process"
 
 # Process instances are forked from one environment the template constructed, where its constructor allows it
-# (``_agentenv/_template``): a start costs a fork, not a construction.
+# (``_agentenv/_construct_once``): a start costs a fork, not a construction.
 DEFAULT_CONSTRUCT_ONCE: Final = True
 
 # Instances always up when a config does not say (a bundle's pool's minimum); each kind's defaults for

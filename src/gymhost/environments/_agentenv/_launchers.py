@@ -34,6 +34,7 @@ from ._schema_cache import install as install_schema_cache
 
 __all__ = [
     "ENTRY",
+    "NO_NETWORK_TIMEOUT_S",
     "Constructed",
     "InProcessClient",
     "InProcessLauncher",
@@ -47,6 +48,9 @@ __all__ = [
 logger = logging.getLogger("gymhost.environments")
 
 ENTRY = "env.py"  # a bundle's environment module
+# The data-plane limit of an instance's in-memory transport, which never waits on a network (the server times its
+# calls to an instance process itself).
+NO_NETWORK_TIMEOUT_S = 3600.0
 _STOP_GRACE_S = 5.0
 
 

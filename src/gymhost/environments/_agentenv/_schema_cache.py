@@ -40,18 +40,15 @@ class _CachingJsonschema:
         if cls is not None or args or kwargs:
             jsonschema.validate(instance, schema, cls, *args, **kwargs)
             return
-        error = exceptions.best_match(self.validator(schema).iter_errors(instance))
-        if error is not None:
-            raise error
-
-    def validator(self, schema: Any) -> Any:
         known = self._by_object.get(id(schema))
         if known is None or known[0] is not schema:
             known = (schema, self._validator(schema))
             if len(self._by_object) >= _KEPT:
                 self._by_object.clear()
             self._by_object[id(schema)] = known
-        return known[1]
+        error = exceptions.best_match(known[1].iter_errors(instance))
+        if error is not None:
+            raise error
 
     def _validator(self, schema: Any) -> Any:
         try:
@@ -74,16 +71,16 @@ class _CachingJsonschema:
 
 
 def prepare(schemas: Iterable[Any]) -> None:
-    """Build these schemas' validators now, where ``install`` took effect: a template process does it for the tools
-    of the environment it constructed, so the instances it forks start with them (an invalid schema is left for the
-    call that meets it, which raises as jsonschema does)."""
+    """Build these schemas' validators now, where ``install`` took effect, kept by their JSON text: a template process
+    does it for the tools of the environment it constructed, so the instances it forks start with them (an invalid
+    schema is left for the call that meets it, which raises as jsonschema does)."""
     from mcp.server.lowlevel import server as lowlevel
 
     cache = getattr(lowlevel, "jsonschema", None)
     if isinstance(cache, _CachingJsonschema):
         for schema in schemas:
             with contextlib.suppress(jsonschema.SchemaError):
-                cache.validator(schema)
+                cache._validator(schema)
 
 
 def install() -> bool:

@@ -47,10 +47,8 @@ from .._errors import StartupError
 from ._channel import listen_at, serve_instance
 from ._construct_once import constructed_once
 from ._forking import CONSTRUCT_EACH, SPAWNED, TEMPLATE_READY
-from ._launchers import Constructed, host_in_process, load_environment_class, stop_in_process
+from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, host_in_process, load_environment_class, stop_in_process
 from ._schema_cache import install as install_schema_cache
-
-_NO_NETWORK_TIMEOUT_S = 3600.0
 
 
 def main(argv: list[str]) -> None:
@@ -138,7 +136,7 @@ async def _instance(environment: type[Any] | Constructed, listening: socket.sock
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     # The server times its calls itself (``ChannelClient``); the in-memory transport never waits on a network.
-    instance = await host_in_process(environment, 0, _NO_NETWORK_TIMEOUT_S)
+    instance = await host_in_process(environment, 0, NO_NETWORK_TIMEOUT_S)
     server = await serve_instance(instance.client, listening)  # the server's describe, queued meanwhile, answered
     await stop.wait()
     server.close()
