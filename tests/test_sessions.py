@@ -34,6 +34,9 @@ class NotesServer(SimpleResourcesServer):
         app.post("/start")(self.start)
         app.post("/bump")(self.bump)
         app.post("/forget")(self.forget)
+        app.post("/look")(self.look)
+        app.post("/mark")(self.mark)
+        app.post("/restamp")(self.restamp)
         return app
 
     async def start(self, request: Request) -> dict:
@@ -48,6 +51,18 @@ class NotesServer(SimpleResourcesServer):
         request.session.pop(SESSION_ID_KEY)
         request.session.pop("notes", None)
         return {}
+
+    async def look(self, request: Request) -> dict:
+        return dict(request.session)
+
+    async def mark(self, request: Request) -> dict:  # 1, then True: equal in Python, not in JSON
+        request.session["mark"] = True if "mark" in request.session else 1
+        return dict(request.session)
+
+    async def restamp(self, request: Request) -> dict:  # the one nested value of a plain session, changed in place
+        owner = request.session["gymhost_owner"]
+        owner["worker"] = bool(owner["worker"]) if type(owner["worker"]) is int else int(owner["worker"])
+        return dict(request.session)
 
     async def verify(self, body: BaseVerifyRequest) -> BaseVerifyResponse:
         return BaseVerifyResponse(**body.model_dump(), reward=1.0)
@@ -95,6 +110,51 @@ async def test_a_session_changed_in_place_is_not_confused_with_its_old_cookie(cl
             new = answer.cookies[COOKIE]
             assert new != old
             assert json.loads(b64decode(new.split(".")[0] + "=="))["notes"] == {"n": 1}
+
+
+async def test_a_plain_session_keeps_its_cookie_until_it_changes(client_for) -> None:  # type: ignore[no-untyped-def]
+    """A session of plain values (Gym's: its id and the owner stamp) goes back as the cookie that came in while it
+    is unchanged, and any change, even one Python holds equal (1 to True), is signed into a new cookie."""
+
+    def carried(cookie: str) -> dict:  # type: ignore[type-arg]
+        return json.loads(b64decode(cookie.split(".")[0] + "=="))  # type: ignore[no-any-return]
+
+    async with client_for() as client:
+        seeded = await client.post("/look")
+        first = client.cookies[COOKIE]
+        assert seeded.headers["set-cookie"].startswith(f"{COOKIE}={first};")
+        for _ in range(2):
+            assert (await client.post("/look")).headers["set-cookie"].startswith(f"{COOKIE}={first};")
+        await client.post("/mark")
+        marked = client.cookies[COOKIE]
+        assert marked != first
+        assert carried(marked)["mark"] == 1
+        await client.post("/mark")
+        assert carried(client.cookies[COOKIE])["mark"] is True
+        before = client.cookies[COOKIE]
+        owner = carried(before)["gymhost_owner"]["worker"]
+        await client.post("/restamp")
+        assert client.cookies[COOKIE] != before
+        assert carried(client.cookies[COOKIE])["gymhost_owner"]["worker"] == owner
+        assert type(carried(client.cookies[COOKIE])["gymhost_owner"]["worker"]) is not type(owner)
+        assert (await client.post("/look")).json()["session_id"] == seeded.json()["session_id"]
+
+
+async def test_the_session_is_found_among_other_cookies(client_for) -> None:  # type: ignore[no-untyped-def]
+    async with client_for() as client:
+        session_id = (await client.post("/start")).json()["session_id"]
+        value = client.cookies[COOKIE]
+    headers = [
+        f"{COOKIE}={value}",
+        f'theme=dark;{COOKIE}="{value}"',
+        f"X{COOKIE}=forged; a={COOKIE}=forged ;  {COOKIE}={value} ; b=2",
+    ]
+    for header in headers:
+        async with client_for() as client:
+            assert (await client.post("/start", headers={"cookie": header})).json()["session_id"] == session_id, header
+    async with client_for() as client:  # only look-alikes: a new session
+        answer = await client.post("/start", headers={"cookie": f"X{COOKIE}={value}; a={COOKIE}={value}"})
+        assert answer.json()["session_id"] != session_id
 
 
 async def test_a_session_in_use_slides_forward(monkeypatch: pytest.MonkeyPatch) -> None:

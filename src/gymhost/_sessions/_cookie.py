@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._keys import FORWARDED
 from ._identity import process_state
-from ._owner import is_stamp_only, stamp
+from ._owner import OWNER_KEY, is_stamp_only, stamp
 from ._signing import process_secret
 
 __all__ = ["SESSION_ID_KEY", "GymSessionMiddleware"]
@@ -58,16 +58,17 @@ class GymSessionMiddleware:
     ) -> None:
         self.app = app
         self.cookie_name = cookie_name
+        self._prefix = f"{cookie_name}="
         self.secret = secret or process_secret()
         self.max_age = max_age
         self.flags = f"httponly; samesite={same_site}" + ("; secure" if https_only else "")
         self._signers: dict[str, itsdangerous.TimestampSigner] = {}
-        # Cookies already verified, by (mount, value), with when they were signed and their JSON: an episode sends
-        # the same cookie on every call, and checking its signature each time was most of this middleware's cost.
-        # Two generations, swapped every _VERIFIED_GENERATION_S: the cookies of finished episodes are forgotten,
-        # so the cache holds the episodes in play, not every episode the server ever saw.
-        self._verified: dict[tuple[str, str], tuple[float, str]] = {}
-        self._verified_before: dict[tuple[str, str], tuple[float, str]] = {}
+        # Cookies already verified, by (mount, value): an episode sends the same cookie on every call, and checking
+        # its signature each time was most of this middleware's cost. Two generations, swapped every
+        # _VERIFIED_GENERATION_S: the cookies of finished episodes are forgotten, so the cache holds the episodes in
+        # play, not every episode the server ever saw.
+        self._verified: dict[tuple[str, str], _Verified] = {}
+        self._verified_before: dict[tuple[str, str], _Verified] = {}
         self._generation_ends = time.monotonic() + _VERIFIED_GENERATION_S
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -76,8 +77,8 @@ class GymSessionMiddleware:
             return
         mount = scope.get("root_path") or ""
         signer = self._signer(mount)
-        raw, signed_at, payload = self._load(scope, mount, signer)
-        session = Session(self._decode(payload))
+        known = self._load(scope, mount, signer)
+        session = known.session() if known is not None else Session()
         if SESSION_ID_KEY not in session:
             session[SESSION_ID_KEY] = str(uuid4())
             stamp(session, process_state.owner())
@@ -89,26 +90,30 @@ class GymSessionMiddleware:
                 # (a forwarded request's answer carries its owner's cookie, not this process's)
                 current: dict[str, Any] = scope["session"]
                 cookie = None
-                if not is_stamp_only(current):  # the owner alone is no session: the handler cleared it
+                if known is not None and known.kept(current, session) and self._fresh(known.signed_at):
+                    cookie = known.header  # a plain session, unchanged: the cookie that came in goes back
+                elif not is_stamp_only(current):  # the owner alone is no session: the handler cleared it
                     encoded = json.dumps(current)
-                    if raw is not None and encoded == payload and self._fresh(signed_at):
-                        value = raw  # unchanged (compared as JSON, so changes inside nested values count)
+                    if known is not None and encoded == known.payload and self._fresh(known.signed_at):
+                        cookie = known.header  # unchanged (compared as JSON, so changes inside nested values count)
                     else:
-                        value = signer.sign(b64encode(encoded.encode())).decode()
-                    max_age = f"Max-Age={self.max_age}; " if self.max_age is not None else ""
-                    cookie = f"{self.cookie_name}={value}; path={cookie_path}; {max_age}{self.flags}"
-                elif raw is not None:  # the handler cleared the session: the client drops the cookie
+                        cookie = self._header(signer.sign(b64encode(encoded.encode())).decode(), cookie_path)
+                elif known is not None:  # the handler cleared the session: the client drops the cookie
                     expired = "expires=Thu, 01 Jan 1970 00:00:00 GMT; "
-                    cookie = f"{self.cookie_name}=null; path={cookie_path}; {expired}{self.flags}"
+                    cookie = f"{self.cookie_name}=null; path={cookie_path}; {expired}{self.flags}".encode("latin-1")
                 # Appended as raw header pairs: building a MutableHeaders per response cost more than the rest.
                 headers = list(message.get("headers", ()))
                 headers.append((b"vary", b"Cookie"))
                 if cookie is not None:
-                    headers.append((b"set-cookie", cookie.encode("latin-1")))
+                    headers.append((b"set-cookie", cookie))
                 message["headers"] = headers
             await send(message)
 
         await self.app(scope, receive, send_with_cookie)
+
+    def _header(self, value: str, cookie_path: str) -> bytes:
+        max_age = f"Max-Age={self.max_age}; " if self.max_age is not None else ""
+        return f"{self.cookie_name}={value}; path={cookie_path}; {max_age}{self.flags}".encode("latin-1")
 
     def _fresh(self, signed_at: float) -> bool:
         """An unchanged session goes back as the cookie that came in, until half its life is used: then it is
@@ -121,11 +126,11 @@ class GymSessionMiddleware:
             signer = self._signers[mount] = itsdangerous.TimestampSigner(self.secret, salt=f"{_SALT}:{mount}")
         return signer
 
-    def _load(self, scope: Scope, mount: str, signer: itsdangerous.TimestampSigner) -> tuple[str | None, float, str]:
-        """The cookie's value, when it was signed, and its JSON payload, if validly signed for this mount."""
+    def _load(self, scope: Scope, mount: str, signer: itsdangerous.TimestampSigner) -> _Verified | None:
+        """What the request's cookie carries, if it is validly signed for this mount."""
         raw = self._cookie(scope)
         if not raw:
-            return None, 0.0, ""
+            return None
         key = (mount, raw)
         known = self._verified.get(key)
         if known is None:
@@ -135,33 +140,109 @@ class GymSessionMiddleware:
             known = self._verified_before.pop(key, None)
             if known is not None:
                 self._verified[key] = known
-        if known is None or (self.max_age is not None and time.time() >= known[0] + self.max_age):
+        if known is None or (self.max_age is not None and time.time() >= known.signed_at + self.max_age):
             try:
-                payload, stamp = signer.unsign(raw.encode(), max_age=self.max_age, return_timestamp=True)
-                known = (stamp.timestamp(), b64decode(payload).decode())
+                payload, signed = signer.unsign(raw.encode(), max_age=self.max_age, return_timestamp=True)
+                known = _Verified(signed.timestamp(), b64decode(payload).decode(), self._header(raw, mount or "/"))
             except (BadSignature, ValueError):
-                return None, 0.0, ""
+                return None
             self._verified[key] = known
-        return raw, known[0], known[1]
-
-    @staticmethod
-    def _decode(payload: str) -> dict[str, Any]:
-        """A fresh session dict per request: nothing a handler changes reaches the cache of verified cookies."""
-        if not payload:
-            return {}
-        try:
-            data = json.loads(payload)
-        except ValueError:
-            return {}
-        return data if isinstance(data, dict) else {}
+        return known
 
     def _cookie(self, scope: Scope) -> str | None:
-        """This middleware's cookie from the Cookie header(s), without parsing every other cookie."""
-        prefix = self.cookie_name + "="
+        """This middleware's cookie from the Cookie header(s), found in the bytes without splitting every other
+        cookie out (an episode's client may send a cookie per mount)."""
         for name, value in scope["headers"]:
             if name == b"cookie":
-                for part in bytes(value).decode("latin-1").split(";"):
-                    part = part.strip()
-                    if part.startswith(prefix):
-                        return part[len(prefix) :].strip('"')
+                found = _cookie_value(bytes(value).decode("latin-1"), self._prefix)
+                if found is not None:
+                    return found
         return None
+
+
+class _Verified:
+    """A cookie whose signature was checked: when it was signed, its JSON, its ``Set-Cookie`` header as it came in,
+    and, for a plain session (scalars and the owner stamp: Gym's, an id and the owner), that session decoded once.
+
+    Each request gets a session of its own, so nothing a handler changes reaches this cache. A plain session is
+    copied instead of decoded, and found unchanged without being encoded again: Starlette's ``Session`` notes every
+    write of a key, and the owner stamp, the one value that could change in place, is compared by type and value."""
+
+    __slots__ = ("header", "payload", "plain", "signed_at")
+
+    def __init__(self, signed_at: float, payload: str, header: bytes) -> None:
+        self.signed_at = signed_at
+        self.payload = payload
+        self.header = header
+        data = _decoded(payload)
+        self.plain: dict[str, Any] | None = data if _is_plain(data) else None
+
+    def session(self) -> Session:
+        if self.plain is None:
+            return Session(_decoded(self.payload))
+        session = Session(self.plain)
+        owner = self.plain.get(OWNER_KEY)
+        if owner is not None:
+            dict.__setitem__(session, OWNER_KEY, dict(owner))  # a copy of its own; not a write the session notes
+        return session
+
+    def kept(self, current: dict[str, Any], given: Session) -> bool:
+        """Whether the session a handler leaves is the plain one it was given, as it was given."""
+        if self.plain is None or current is not given or given.modified:
+            return False
+        return _same_scalars(current.get(OWNER_KEY), self.plain.get(OWNER_KEY))
+
+
+def _decoded(payload: str) -> dict[str, Any]:
+    if not payload:
+        return {}
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+_SCALARS = (str, int, float, bool, type(None))
+# Whether this Starlette's Session notes every write of a key (1.7+; 1.0 to 1.6 miss ``popitem`` and ``|=``): only
+# then can a plain session be found unchanged by its ``modified`` flag.
+_WRITES_NOTED = all(
+    name in vars(Session)
+    for name in ("__setitem__", "__delitem__", "clear", "pop", "popitem", "setdefault", "update", "__ior__")
+)
+
+
+def _is_plain(data: dict[str, Any]) -> bool:
+    """Scalars only, and an owner stamp of scalars (and a Session that notes every write)."""
+    if not _WRITES_NOTED:
+        return False
+    owner = data.get(OWNER_KEY)
+    if owner is not None and not (type(owner) is dict and all(type(value) in _SCALARS for value in owner.values())):
+        return False
+    return all(type(value) in _SCALARS for key, value in data.items() if key != OWNER_KEY)
+
+
+def _same_scalars(current: Any, given: Any) -> bool:
+    """Equal as JSON: the same keys, each value of the same type and equal (``==`` alone takes 1 for True)."""
+    if current is None or given is None:
+        return current is given
+    if type(current) is not dict or current.keys() != given.keys():
+        return False
+    return all(type(current[key]) is type(value) and current[key] == value for key, value in given.items())
+
+
+def _cookie_value(header: str, prefix: str) -> str | None:
+    """The value of the first ``name=value`` pair of a Cookie header whose ``prefix`` is ``name=``, as splitting the
+    header on ``;`` and stripping each pair finds it. When the first occurrence of ``prefix`` starts a pair (the
+    usual case: ``a=1; name=...``), it is that pair, read without splitting the others out."""
+    at = header.find(prefix)
+    if at < 0:
+        return None
+    if at == 0 or header[at - 1] == ";" or header[at - 2 : at] == "; ":
+        end = header.find(";", at)
+        return header[at + len(prefix) : end if end >= 0 else len(header)].rstrip().strip('"')
+    for part in header.split(";"):
+        part = part.strip()
+        if part.startswith(prefix):
+            return part[len(prefix) :].strip('"')
+    return None

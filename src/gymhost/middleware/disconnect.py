@@ -7,11 +7,12 @@ largest single cost of a tool call in gymhost's profile, and even a plain asynci
 more than the rest of gymhost's middleware together.
 
 Most requests are over in milliseconds, long before a client would give up, so the listener is only started for
-the ones that are not: a request still running after ``watch_after`` seconds (default 0.1) gets a listener that
-becomes the only reader of the ASGI ``receive`` channel, forwards what it reads to the handler, and cancels the
-handler if the client disconnects before the response is complete. Until then the handler reads ``receive``
-itself, exactly as without the middleware (the listener waits while the handler is reading, so the two never
-read at once). Nothing is sent after a disconnect.
+the ones that are not: a request still running after ``watch_after`` seconds (default 0.1; at most half as long
+again, as one timer looks over all the requests in flight instead of a timer each) gets a listener that becomes
+the only reader of the ASGI ``receive`` channel, forwards what it reads to the handler, and cancels the handler if
+the client disconnects before the response is complete. Until then the handler reads ``receive`` itself, exactly
+as without the middleware (the listener waits while the handler is reading, so the two never read at once).
+Nothing is sent after a disconnect.
 
 The handler runs in an anyio cancel scope (a few microseconds, no task group), and a disconnect cancels that scope,
 as Gym's middleware does: shielded cleanup inside the handler is respected, and the cancellation ends at the
@@ -35,38 +36,70 @@ class DisconnectCancellationMiddleware:
     def __init__(self, app: ASGIApp, *, watch_after: float = 0.1) -> None:
         self.app = app
         self.watch_after = watch_after
+        self._in_flight = _InFlight(watch_after)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         with anyio.CancelScope() as cancel_scope:
-            watch = _Watch(self, cancel_scope, receive, send)
+            watch = _Watch(cancel_scope, receive, send)
+            self._in_flight.add(watch)
             try:
                 await self.app(scope, watch.receive, watch.send)
             finally:
+                self._in_flight.discard(watch)
                 watch.stop()
         if watch.disconnected:
             client = scope.get("client") or ("-", "-")
             logger.info('%s:%s - "%s %s" 499 client disconnected', *client, scope.get("method"), scope.get("path"))
 
 
+class _InFlight:
+    """The requests in flight that have no listener yet, in the order they started, and one timer that looks over
+    them while there are any: a timer per request (armed, then cancelled by nearly every one) cost more. Kept per
+    event loop, as an app may be served on several (a test's, one per thread)."""
+
+    def __init__(self, after: float) -> None:
+        self.after = after
+        self.loops: dict[asyncio.AbstractEventLoop, dict[_Watch, float]] = {}
+
+    def add(self, watch: _Watch) -> None:
+        loop = asyncio.get_running_loop()
+        started = self.loops.get(loop)
+        if started is None:  # no timer runs on this loop: start one
+            started = self.loops[loop] = {}
+            loop.call_later(self.after, self._look, loop, started)
+        started[watch] = loop.time()
+
+    def discard(self, watch: _Watch) -> None:
+        started = self.loops.get(asyncio.get_running_loop())
+        if started is not None:
+            started.pop(watch, None)
+
+    def _look(self, loop: asyncio.AbstractEventLoop, started: dict[_Watch, float]) -> None:
+        due, listening = loop.time() - self.after, []
+        for watch, since in started.items():
+            if since > due:
+                break  # and so are all after it
+            if watch.listen():
+                listening.append(watch)
+        for watch in listening:
+            del started[watch]
+        if started:
+            loop.call_later(self.after / 2, self._look, loop, started)
+        else:  # the next request on this loop starts a timer again; a loop that is gone leaves nothing behind
+            del self.loops[loop]
+
+
 class _Watch:
     """One request: ``receive`` is the handler's until a listener takes it over, which only a slow request gets."""
 
     __slots__ = (
-        "cancel_scope", "complete", "disconnected", "downstream", "forwarded", "listener", "middleware", "reading",
-        "timer", "upstream",
+        "cancel_scope", "complete", "disconnected", "downstream", "forwarded", "listener", "reading", "upstream",
     )  # fmt: skip
 
-    def __init__(
-        self,
-        middleware: DisconnectCancellationMiddleware,
-        cancel_scope: anyio.CancelScope,
-        receive: Receive,
-        send: Send,
-    ) -> None:
-        self.middleware = middleware
+    def __init__(self, cancel_scope: anyio.CancelScope, receive: Receive, send: Send) -> None:
         self.cancel_scope = cancel_scope
         self.upstream = receive
         self.downstream = send
@@ -75,7 +108,6 @@ class _Watch:
         self.disconnected = False
         self.listener: asyncio.Task[None] | None = None
         self.forwarded: asyncio.Queue[Message] | None = None
-        self.timer = asyncio.get_running_loop().call_later(middleware.watch_after, self._listen)
 
     async def receive(self) -> Message:
         if self.forwarded is not None:
@@ -94,19 +126,19 @@ class _Watch:
             self.complete = True
 
     def stop(self) -> None:
-        self.timer.cancel()
         if self.listener is not None:
             self.listener.cancel()
 
-    def _listen(self) -> None:
+    def listen(self) -> bool:
+        """Start the listener, unless the response is complete; False while the handler is reading the body (the
+        next look tries again)."""
         if self.complete or self.listener is not None:
-            return
-        loop = asyncio.get_running_loop()
-        if self.reading:  # the handler is reading the body right now: look again shortly
-            self.timer = loop.call_later(self.middleware.watch_after, self._listen)
-            return
+            return True
+        if self.reading:
+            return False
         self.forwarded = asyncio.Queue()
-        self.listener = loop.create_task(self._listener(self.forwarded))
+        self.listener = asyncio.get_running_loop().create_task(self._listener(self.forwarded))
+        return True
 
     async def _listener(self, forwarded: asyncio.Queue[Message]) -> None:
         while True:
