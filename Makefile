@@ -33,7 +33,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test test-tiers venvs lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path clean check-pythons check-py312 check-py313
+.PHONY: test test-tiers venvs lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-layers clean check-pythons check-py312 check-py313
 
 check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -127,10 +127,11 @@ test-verifiers: .venv-gym04/.installed .venv-gym07/.installed .venv-openenv/.ins
 
 # The replay tier: Gym's own recorded rollouts of every published folder that plays offline, replayed through
 # gymhost and held to the recorded rewards, on each nemo-gym version; folders whose requirements these venvs lack are
-# served from venvs of their own, built with uv.
+# served from venvs of their own, built with uv. Two at a time, test by test: most of a folder's time is its venv's
+# build and its server's start, which overlap well.
 test-replay: .venv-gym04/.installed .venv-gym07/.installed
-	.venv-gym04/bin/pytest -m replay
-	.venv-gym07/bin/pytest -m replay
+	.venv-gym04/bin/pytest -n 2 --dist load -m replay
+	.venv-gym07/bin/pytest -n 2 --dist load -m replay
 
 # The soak tier: many episodes with injected faults, bounded in time and count; once, on the current nemo-gym.
 test-soak: .venv-gym07/.installed
@@ -254,6 +255,10 @@ bench-image: image .venv-gym07/.installed
 	cd benchmarks && GYMHOST_IMAGE=$(IMAGE) ../.venv-gym07/bin/python image.py
 
 # The request path before and after a change, side by side (benchmarks/request_path.py): BASELINE=<git revision>.
+# Where a Gym server's tool call spends gymhost's microseconds, layer by layer, in-process (benchmarks/layers.py).
+bench-layers: .venv-gym07/.installed
+	cd benchmarks && ../.venv-gym07/bin/python layers.py
+
 bench-request-path: .venv-gym07/.installed
 	@command -v wrk >/dev/null || apt-get install -y -q wrk
 	cd benchmarks && ../.venv-gym07/bin/python request_path.py --baseline $(BASELINE)

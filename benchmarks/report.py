@@ -12,6 +12,7 @@ WORKERS_START, WORKERS_END = "<!-- workers:start -->", "<!-- workers:end -->"  #
 HYPERCORN_START, HYPERCORN_END = "<!-- hypercorn:start -->", "<!-- hypercorn:end -->"  # and hypercorn_loops.py
 COLD_START, COLD_END = "<!-- cold-start:start -->", "<!-- cold-start:end -->"
 WRITTEN_START, WRITTEN_END = "<!-- written:start -->", "<!-- written:end -->"  # and written_calls.py
+LAYERS_START, LAYERS_END = "<!-- layers:start -->", "<!-- layers:end -->"  # and layers.py
 HYPERCORN_NAMES = {
     "gymhost_hypercorn": "`gymhost serve --server hypercorn` (asyncio's loop)",
     "hypercorn_asyncio": "`hypercorn gymhost.asgi:app -k asyncio`",
@@ -391,7 +392,7 @@ def written_tables(out: dict[str, Any], source: str) -> str:
     levels = list(ratios)
     names = {"bare": "(a) bare endpoint, the same call (limit)", "gymhost": "(b) `gymhost serve`, this checkout"}
     if out.get("baseline"):
-        names["baseline"] = f"(c) `gymhost serve`, {out['baseline']} (FastAPI's dispatch)"
+        names["baseline"] = f"(c) `gymhost serve`, {out['baseline']} (the revision compared with)"
     lines = [
         f"`POST /gridsim_look` of one seeded episode, gridsim written in-process; wrk, one thread, keep-alive,"
         f" {out['seconds']} s a point, the median of {out['rounds']} interleaved rounds (raw numbers:"
@@ -468,6 +469,28 @@ def hypercorn_tables(out: dict[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
+def layers_tables(out: dict[str, Any], source: str) -> str:
+    """Each layer's microseconds, alone and taken out, and the whole stack against FastAPI's floor."""
+    us = out["us_per_call"]
+    none, whole, floor = us["none"], us["all"], us["floor"]
+    added = whole - none
+    met = added <= floor / 10
+    lines = [
+        f"One seeded episode's `POST /get_weather` on example_single_tool_call, driven in-process with ASGI messages"
+        f" (no server); the fastest of {out['rounds']} rounds of {out['calls']:,} calls (raw numbers:"
+        f" [{source}]({source})). gymhost's layers together <= a tenth of a plain FastAPI route's cost:"
+        f" {'met' if met else 'missed'} ({added:.0f} µs against {floor:.0f} µs). Gym's app with no middleware at"
+        f" all takes {none:.0f} µs a call, {none / floor:.2f}x the FastAPI route's time.",
+        "",
+        "| layer (outermost first) | alone: µs it adds to Gym's app | taken out of the whole stack: µs saved |",
+        "|---|---|---|",
+    ]
+    for name in out["stack"]:
+        lines.append(f"| `{name}` | {us['alone'][name] - none:.1f} | {whole - us['all_but'][name]:.1f} |")
+    lines.append(f"| the whole stack | {added:.1f} | |")
+    return "\n".join(lines)
+
+
 def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
     """The tables of a full run between the results markers, and its load section (when it has one) between the
     load markers; a run of the load section alone (no ``tool_calls``) rewrites only the latter."""
@@ -484,6 +507,8 @@ def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
         text = _replace(text, WRITTEN_START, WRITTEN_END, written_tables(results["written"], source))
     if "cold_start" in results:
         text = _replace(text, COLD_START, COLD_END, cold_start_tables(results["cold_start"], source))
+    if "layers" in results:
+        text = _replace(text, LAYERS_START, LAYERS_END, layers_tables(results["layers"], source))
     readme.write_text(text)
 
 

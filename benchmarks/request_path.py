@@ -1,12 +1,14 @@
 """The request path, before and after a change, side by side (make bench-request-path BASELINE=<git revision>).
 
 One tool call of a seeded episode (`POST /get_weather` on nemo-gym's example_single_tool_call, with the session
-cookie) against three servers up at once: `gymhost serve` of the BASELINE revision (a git worktree, imported ahead of
+cookie) against five servers up at once: `gymhost serve` of the BASELINE revision (a git worktree, imported ahead of
 this checkout through PYTHONPATH, in the same venv), of this checkout, and of this checkout with
-`--masked-verdicts answer` (which leaves out the masked-verdicts layer, so the pair gives that layer's cost). wrk
-(one thread, keep-alive) at 1 and 64 connections, 4 s a point, rounds interleaved so a machine that slows down slows
-all three alike; each point is its median round. CPU per request is the server process's own (`/proc`), over the
-same runs. Writes results/<date>-request-path.json and prints the table for README.md.
+`--masked-verdicts answer` (which leaves out the masked-verdicts layer, so the pair gives that layer's cost); and the
+two floors under them: Gym's app with no middleware at all (`gym_app_bare.py`: what Gym's own app costs) and a plain
+FastAPI route with the same models (`fastapi_app.py`: FastAPI's floor). wrk (one thread, keep-alive) at 1, 64 and 256
+connections, 4 s a point, rounds interleaved so a machine that slows down slows all of them alike; each point is its
+median round. CPU per request is the server process's own (`/proc`), over the same runs. Writes
+results/<date>-request-path.json and prints the table for README.md.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from typing import Any
 import run
 
 HERE = Path(__file__).resolve().parent
-LEVELS = (1, 64)
+LEVELS = (1, 64, 256)
+FLOOR = "plain FastAPI route, same models (FastAPI's floor)"
 
 
 def worktree(revision: str) -> Path:
@@ -55,6 +58,8 @@ def main() -> None:
         f"baseline ({given.baseline})": (serve, {"PYTHONPATH": str(baseline / "src")}),
         "this checkout": (serve, {}),
         "this checkout, --masked-verdicts answer": ([*serve, "--masked-verdicts", "answer"], {}),
+        "Gym's app, no middleware (Gym's own floor)": ([run.PYTHON, str(HERE / "gym_app_bare.py"), str(folder)], {}),
+        FLOOR: ([run.PYTHON, str(HERE / "fastapi_app.py")], {}),
     }
     samples: dict[str, dict[int, list[dict[str, Any]]]] = {name: {c: [] for c in LEVELS} for name in servers}
     with contextlib.ExitStack() as stack:
@@ -62,8 +67,10 @@ def main() -> None:
         for name, (command, env) in servers.items():
             port = run.free_port()
             url = f"http://127.0.0.1:{port}"
-            process = stack.enter_context(run.server([*command, "--port", str(port)], url, env=env))
-            cookie = run.seed_cookie(url, row)
+            served = command[: len(serve)] == serve  # `gymhost serve`, not one of the floors (which keep no session)
+            argv = [*command, "--port", str(port)] if served else [*command, str(port)]
+            process = stack.enter_context(run.server(argv, url, env=env))
+            cookie = run.seed_cookie(url, row) if served else ""
             run.wrk(f"{url}/get_weather", 16, 1, cookie)  # warm up
             targets[name] = (url, cookie, process.pid)
         for _ in range(given.rounds):
@@ -89,17 +96,19 @@ def main() -> None:
     record["results"] = results
     out = HERE / "results" / f"{record['date']}-request-path.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
-    first = next(iter(results.values()))
+    first, floor = next(iter(results.values())), results[FLOOR]
     print(
-        "| server | c=1 calls/s | c=1 p99 ms | c=64 calls/s | c=64 p99 ms | CPU/call, µs (c=64) | vs baseline (c=64) |"
+        "| server | c=1 calls/s | c=64 calls/s | c=64 p99 ms | c=256 calls/s | c=256 p99 ms | CPU/call, µs (c=64) "
+        "| vs baseline (c=64) | vs FastAPI's floor (c=1, 64, 256) |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, rows in results.items():
-        one, many = rows["1"], rows["64"]
+        one, many, most = rows["1"], rows["64"], rows["256"]
         ratio = many["rps"] / first["64"]["rps"]
+        floors = ", ".join(f"{rows[str(c)]['rps'] / floor[str(c)]['rps']:.2f}" for c in LEVELS)
         print(
-            f"| {name} | {one['rps']:,.0f} | {one['p99_ms']:.2f} | {many['rps']:,.0f} | {many['p99_ms']:.2f} | "
-            f"{many['cpu_us_per_request']:.0f} | {ratio:.2f}x |"
+            f"| {name} | {one['rps']:,.0f} | {many['rps']:,.0f} | {many['p99_ms']:.2f} | {most['rps']:,.0f} | "
+            f"{most['p99_ms']:.2f} | {many['cpu_us_per_request']:.0f} | {ratio:.2f}x | {floors} |"
         )
     print(f"(raw: {out.relative_to(HERE)})", file=sys.stderr)
 

@@ -11,13 +11,17 @@ the table in benchmarks/README.md.
    environment over MCP.
 3. Open episodes held by one server process (in-process instances, started on demand), level by level up to
    10,000: resident memory, and one tool call on every open episode at each level.
-5. Scale-out: `--workers 1` against `--workers 2` (tool calls and episodes), the cost of a request forwarded to the
-   worker that holds its session, and three replicas behind HAProxy (deploy/haproxy/haproxy.cfg) against one alone.
-6. Workers as verifiers loads them (a connection per request): CPU of the process tree per request and requests/s
-   for `--workers 1`, `--workers 2` (connections handed to their owner) and `--workers 2 --no-hand-off` (forwarded).
 4. Scale, on folders written with default options (the elastic pool): 256 episodes at once with a model's think
    time before each tool call; a cold burst of 200 seeds on a pool at its minimum (both instance modes); process
    mode at 64 concurrent episodes, with gymhost's own CPU time per bridged call; one instance start's time and CPU.
+5. A cold think-time batch and one start, instances constructed once in the template against each its own.
+6. Scale-out: `--workers 1` against `--workers 2` (tool calls and episodes), the cost of a request forwarded to the
+   worker that holds its session, and three replicas behind HAProxy (deploy/haproxy/haproxy.cfg) against one alone.
+7. Workers as verifiers loads them (a connection per request): CPU of the process tree per request and requests/s
+   for `--workers 1`, `--workers 2` (connections handed to their owner) and `--workers 2 --no-hand-off` (forwarded).
+8. An OpenEnv server's tool call through its written gymhost server; Gym's stated load (bursts of connections).
+9. hypercorn's loops (`hypercorn_loops.py`), a written server's tool call against its bare endpoint
+   (`written_calls.py`), and a Gym server's tool call layer by layer, in-process (`layers.py`).
 
 Run it with the nemo-gym 0.7.0 venv's Python (`make bench` does); `--quick` shortens every measurement.
 """
@@ -987,6 +991,7 @@ def main() -> None:
         write_results(alone, alone["date"][:10] + f"-{args.only}" + ("-quick" if args.quick else ""))
         return
     import hypercorn_loops
+    import layers
     import written_calls
 
     if shutil.which("wrk") is None:
@@ -1019,6 +1024,8 @@ def main() -> None:
     results["hypercorn"] = hypercorn_loops.measure(*((2, 1) if args.quick else (20, 3)))
     print("a written server's tool call:")
     results["written"] = written_calls.measure(*((1, 1) if args.quick else (4, 3)))
+    print("a Gym server's tool call, layer by layer (in-process):")
+    results["layers"] = layers.measure(*((200, 2) if args.quick else (2000, 9)))
     results["ratios"] = ratios(results)
     write_results(results, results["date"][:10] + ("-quick" if args.quick else ""))
     print(json.dumps(results["ratios"], indent=2))

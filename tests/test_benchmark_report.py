@@ -52,6 +52,7 @@ SECTION_BLOCKS = {
     "hypercorn": (report.HYPERCORN_START, report.HYPERCORN_END, report.hypercorn_tables),
     "cold_start": (report.COLD_START, report.COLD_END, report.cold_start_tables),
     "written": (report.WRITTEN_START, report.WRITTEN_END, report.written_tables),
+    "layers": (report.LAYERS_START, report.LAYERS_END, report.layers_tables),
 }
 
 

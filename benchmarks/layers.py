@@ -1,0 +1,136 @@
+"""Where a Gym server's tool call spends gymhost's microseconds, layer by layer (make bench-layers).
+
+The app ``create_app`` builds for nemo-gym 0.7.0's example_single_tool_call, driven in this one process with ASGI
+messages (no sockets, no server: only the app's own work is timed), one seeded episode's ``POST /get_weather`` after
+another. Its middleware is rebuilt three ways: none at all (Gym's app alone), each layer of gymhost's stack alone on
+top of that, and the whole stack without each layer in turn; a layer's cost is given both ways, what it adds alone
+and what taking it out saves. Beside them, the same call on ``fastapi_app.py``'s plain FastAPI route (FastAPI's
+floor), the measure of the target: gymhost's layers together at most a tenth of that route's cost. Each figure is
+the fastest of several rounds of a few thousand calls (the machine's noise only ever adds time), with the garbage
+collector paused during a round. Writes results/<date>-layers.json and the README's layers block (a full
+`make bench` runs it too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import gc
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import run
+
+HERE = Path(__file__).resolve().parent
+BODY = b'{"city": "Paris"}'
+
+
+def scope(path: str, body: bytes, cookie: bytes | None) -> dict[str, Any]:
+    headers = [
+        (b"host", b"127.0.0.1:8000"),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    if cookie:
+        headers.append((b"cookie", cookie))
+    return {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": headers, "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8000), "state": {},
+    }  # fmt: skip
+
+
+async def call(app: Any, path: str, body: bytes, cookie: bytes | None = None) -> list[dict[str, Any]]:
+    """One request as a server makes it: the body in one message, then a receive that waits (no disconnect)."""
+    sent: list[dict[str, Any]] = []
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> dict[str, Any]:
+        if pending:
+            return pending.pop()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope(path, body, cookie), receive, send)
+    return sent
+
+
+def build(folder: Path, keep: Sequence[str]) -> Any:
+    from gymhost import create_app
+
+    app = create_app(folder)
+    app.user_middleware[:] = [layer for layer in app.user_middleware if _name(layer) in keep]
+    return app
+
+
+def _name(layer: Any) -> str:
+    return str(layer.cls.__name__)
+
+
+def measure(calls: int, rounds: int) -> dict[str, Any]:
+    folder = run.gym_root() / run.EXAMPLE
+    with contextlib.chdir(folder):  # as `gymhost serve` runs a server: in its folder
+        measured = asyncio.run(_measure(folder, calls, rounds))
+    return {"calls": calls, "rounds": rounds, **measured}
+
+
+async def _measure(folder: Path, calls: int, rounds: int) -> dict[str, Any]:
+    from fastapi_app import app as fastapi_route
+
+    from gymhost import create_app
+
+    stack = [_name(layer) for layer in create_app(folder).user_middleware]
+    configs: dict[tuple[str, str], list[str]] = {("none", ""): [], ("all", ""): stack}
+    configs |= {("alone", name): [name] for name in stack}
+    configs |= {("all_but", name): [other for other in stack if other != name] for name in stack}
+    row = json.loads((folder / "data" / "example.jsonl").read_text().splitlines()[0])
+    apps = {}
+    for name, keep in configs.items():
+        app = build(folder, keep)
+        seeded = await call(app, "/seed_session", json.dumps(row).encode())
+        cookies = [value for key, value in seeded[0]["headers"] if key == b"set-cookie"]
+        apps[name] = (app, cookies[0].split(b";")[0] if cookies else None)
+    apps[("floor", "")] = (fastapi_route, None)
+    fastest: dict[tuple[str, str], float] = {}
+    for _ in range(rounds):
+        for name, (app, cookie) in apps.items():
+            gc.collect()
+            gc.disable()
+            started = time.perf_counter()
+            for _ in range(calls):
+                answer = await call(app, "/get_weather", BODY, cookie)
+            elapsed = (time.perf_counter() - started) / calls * 1e6
+            gc.enable()
+            assert answer[0]["status"] == 200, (name, answer)
+            fastest[name] = min(fastest.get(name, elapsed), elapsed)
+    us: dict[str, Any] = {"alone": {}, "all_but": {}}
+    for (kind, name), value in fastest.items():
+        if name:
+            us[kind][name] = round(value, 1)
+        else:
+            us[kind] = round(value, 1)
+    return {"stack": stack, "us_per_call": us}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=9)
+    given = parser.parse_args()
+    record = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": run.machine()}
+    record["layers"] = measure(given.calls, given.rounds)
+    run.write_results(record, record["date"][:10] + "-layers")
+    print(f"(raw: results/{record['date'][:10]}-layers.json)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
