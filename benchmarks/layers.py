@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import run
+from fastapi_app import app as fastapi_route
 
-HERE = Path(__file__).resolve().parent
 BODY = b'{"city": "Paris"}'
 
 
@@ -84,8 +84,6 @@ def measure(calls: int, rounds: int) -> dict[str, Any]:
 
 
 async def _measure(folder: Path, calls: int, rounds: int) -> dict[str, Any]:
-    from fastapi_app import app as fastapi_route
-
     from gymhost import create_app
 
     stack = [_name(layer) for layer in create_app(folder).user_middleware]

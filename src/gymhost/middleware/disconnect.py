@@ -44,11 +44,11 @@ class DisconnectCancellationMiddleware:
             return
         with anyio.CancelScope() as cancel_scope:
             watch = _Watch(cancel_scope, receive, send)
-            self._in_flight.add(watch)
+            in_flight = self._in_flight.add(watch)
             try:
                 await self.app(scope, watch.receive, watch.send)
             finally:
-                self._in_flight.discard(watch)
+                in_flight.pop(watch, None)  # unless a look gave it its listener already
                 watch.stop()
         if watch.disconnected:
             client = scope.get("client") or ("-", "-")
@@ -64,18 +64,15 @@ class _InFlight:
         self.after = after
         self.loops: dict[asyncio.AbstractEventLoop, dict[_Watch, float]] = {}
 
-    def add(self, watch: _Watch) -> None:
+    def add(self, watch: _Watch) -> dict[_Watch, float]:
+        """Note a request as started now; what it is noted in, for the request to take itself out when done."""
         loop = asyncio.get_running_loop()
         started = self.loops.get(loop)
         if started is None:  # no timer runs on this loop: start one
             started = self.loops[loop] = {}
             loop.call_later(self.after, self._look, loop, started)
         started[watch] = loop.time()
-
-    def discard(self, watch: _Watch) -> None:
-        started = self.loops.get(asyncio.get_running_loop())
-        if started is not None:
-            started.pop(watch, None)
+        return started
 
     def _look(self, loop: asyncio.AbstractEventLoop, started: dict[_Watch, float]) -> None:
         due, listening = loop.time() - self.after, []
@@ -88,7 +85,7 @@ class _InFlight:
             del started[watch]
         if started:
             loop.call_later(self.after / 2, self._look, loop, started)
-        else:  # the next request on this loop starts a timer again; a loop that is gone leaves nothing behind
+        else:  # nothing in flight here: the next request on this loop starts a timer again
             del self.loops[loop]
 
 
