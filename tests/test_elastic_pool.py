@@ -169,17 +169,25 @@ async def test_half_the_instances_killed_in_a_burst_cost_only_their_own_episodes
                 if seeded.status_code != 200:
                     return {"seed": seeded.status_code, **seeded.json()}
                 episode.cookies.update(seeded.cookies)
-                await asyncio.sleep(0.5)
-                await episode.call_tool("increment", {"by": 1})
-                await asyncio.sleep(0.5)
-                await episode.call_tool("increment", {"by": 1})
-                return await verdict(episode, row)
+                holding.append(episode)
+                try:
+                    await asyncio.sleep(0.5)
+                    await episode.call_tool("increment", {"by": 1})
+                    await asyncio.sleep(0.5)
+                    await episode.call_tool("increment", {"by": 1})
+                    return await verdict(episode, row)
+                finally:
+                    holding.remove(episode)
 
+        holding: list[EpisodeClient] = []  # episodes seeded and not yet verified: each holds a leased instance
         burst = [asyncio.create_task(episode_with_think_time()) for _ in range(24)]
-        await asyncio.sleep(0.3)
-        status = await pool_status(BASE, transport)
-        victims = [instance["pid"] for instance in status["instances"] if instance["state"] == "leased"][::2]
-        assert victims, status
+        while True:  # until every leased instance holds a seeded episode (none is between a lease and its seed)
+            await asyncio.sleep(0.01)
+            status = await pool_status(BASE, transport)
+            leased = [instance["pid"] for instance in status["instances"] if instance["state"] == "leased"]
+            if leased and len(leased) == len(holding):
+                break
+        victims = leased[::2]
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         answers = await asyncio.gather(*burst)
