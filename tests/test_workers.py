@@ -233,7 +233,9 @@ async def test_sigterm_drains_every_worker(gridsim: Path) -> None:
         for episode in episodes:
             await episode.seed(row)
         server.process.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30  # until every worker has begun its drain (each says so), not for a time
+        while server.output.count("draining: no new episodes") < WORKERS and time.monotonic() < deadline:
+            time.sleep(0.05)
         refused = httpx.post(f"{server.url}/seed_session", json=row)
         assert (refused.status_code, refused.json()["failure_kind"]) == (503, "provider_unavailable")
         for episode in episodes:  # open episodes on both workers play to their end
