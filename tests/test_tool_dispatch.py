@@ -71,17 +71,20 @@ def folder(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 
 @asynccontextmanager
 async def both_ways(folder: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Any, Any]]:
-    """The folder's app with gymhost's tool routes, and again with FastAPI's ``APIRoute`` (the tool routes are
-    added as the lifespan starts), both running."""
+    """The folder's app with gymhost's tool routes, first among its routes, and again with FastAPI's ``APIRoute``
+    in FastAPI's order, last (the tool routes are added as the lifespan starts), both running."""
     from fastapi.routing import APIRoute
 
-    from gymhost.environments import _server  # (imported here: the unit tier collects this file without FastAPI)
+    from gymhost._hosting import _routes  # (imported here: the unit tier collects this file without FastAPI)
+    from gymhost.environments import _server
 
     async with AsyncExitStack() as stack:
         ours = create_app(folder)
         await stack.enter_async_context(ours.router.lifespan_context(ours))
         with monkeypatch.context() as patch:
             patch.setattr(_server, "_ToolRoute", APIRoute)
+            patch.setattr(_server, "hot_routes_first", lambda router: None)
+            patch.setattr(_routes, "hot_routes_first", lambda router: None)
             fastapis = create_app(folder)
             await stack.enter_async_context(fastapis.router.lifespan_context(fastapis))
         yield ours, fastapis
@@ -138,6 +141,9 @@ async def test_tool_routes_answer_what_fastapis_dispatch_answers(folder: Path, m
         assert ours.openapi() == fastapis.openapi(), "the tool routes are documented as before"
         kinds = [{type(r) for r in app.routes if getattr(r, "path", None) in tools} for app in (ours, fastapis)]
         assert kinds == [{_ToolRoute}, {APIRoute}], "the comparison is with FastAPI's own dispatch"
+        firsts = [{getattr(r, "path", None) for r in app.routes[: len(tools)]} for app in (ours, fastapis)]
+        assert firsts[0] == set(tools), "gymhost's tool routes come first"
+        assert not firsts[1] & set(tools), "and are compared with the routes in FastAPI's order"
 
         clients = [
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") for app in (ours, fastapis)
@@ -158,4 +164,9 @@ async def test_tool_routes_answer_what_fastapis_dispatch_answers(folder: Path, m
             answers = [await client.post("/no_such_tool", content=b"{}", headers=json_type) for client in clients]
             assert normalized(answers[0]) == normalized(answers[1])
             assert answers[0].status_code == 404
+            # Other methods and a trailing slash, on the routes that moved and on one that did not.
+            for path in [*tools, "/seed_session", "/verify"]:
+                for method, target in (("GET", path), ("PUT", path), ("POST", path + "/")):
+                    answers = [await client.request(method, target, content=b"{}") for client in clients]
+                    assert normalized(answers[0]) == normalized(answers[1]), (method, target)
     assert compared >= len(tools) * (len(ANY_TOOL) + 2)

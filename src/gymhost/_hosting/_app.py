@@ -126,6 +126,7 @@ def _build(
     from ._entrypoint import find_server_class, import_entrypoint
     from ._folder import referenced_servers
     from ._operating import operate
+    from ._routes import hot_routes_first
     from ._server_client import build_server_client, own_aiohttp_client, seed_global_config
     from ._validation_errors import install_validation_errors
 
@@ -161,6 +162,7 @@ def _build(
     )
     install_middleware(app, server_key=server.get_session_middleware_key(), settings=settings, episodes=episodes)
     install_validation_errors(app)
+    hot_routes_first(app.router)  # after every route gymhost adds; a written server's tools, added later, again
     HOSTED.set(app, HostedServer(spec=spec, server=server, nemo_gym_version=version))
 
     unmapped = sorted(set(referenced_servers(spec.block)) - set(urls))

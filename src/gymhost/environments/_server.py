@@ -23,9 +23,11 @@ from nemo_gym import base_resources_server as gym
 from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationError, field_validator
 from starlette.middleware import Middleware
+from starlette.routing import request_response
 
 from .._exceptions import FolderError
 from .._hosting._lifespan import wrap_lifespan
+from .._hosting._routes import hot_routes_first
 from ..middleware.masked_verdicts import VERDICT_FIELDS, MaskedVerdictsMiddleware, launcher_mode
 from ._backend import ServerFolder
 from ._episodes import Episodes
@@ -287,6 +289,7 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             app.router.add_api_route(
                 "/{name}", unknown_tool, route_class_override=_ToolRoute, methods=["POST"], include_in_schema=False
             )
+        hot_routes_first(app.router)
 
     def _tool_endpoint(self, name: str) -> Callable[[Request], Any]:
         async def call_tool(request: Request) -> Response:
@@ -321,8 +324,14 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
 class _ToolRoute(APIRoute):
     """A tool's route, whose endpoint reads the request and answers the response itself: FastAPI's handler around
     an endpoint (solving its dependencies, reading and validating a body, validating and serializing a response)
-    has nothing to do here but costs every call, so the endpoint is the handler. FastAPI's request wrapper, its
-    exception handling and the route's OpenAPI entry are FastAPI's own, as for any route."""
+    has nothing to do here but costs every call, so the endpoint is the handler. Its request wrapper is Starlette's,
+    which FastAPI's is with two exit stacks added for dependencies with ``yield`` (none here: they would stay
+    empty). The exception handling and the route's OpenAPI entry are FastAPI's own, as for any route."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.dependant.dependencies and getattr(self, "max_body_size", None) is None:
+            self.app = request_response(self.get_route_handler())
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         if self.dependant.dependencies:  # a router's dependencies would need solving: FastAPI's handler, then

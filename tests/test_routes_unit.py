@@ -1,0 +1,72 @@
+"""The tool routes first (``_hosting._routes.hot_routes_first``): every request answered by the route that answered it
+before, whatever the routes around it, without nemo-gym."""
+
+from __future__ import annotations
+
+import itertools
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import BaseRoute, Mount, Route
+
+from gymhost._hosting._routes import hot_routes_first
+
+pytestmark = [pytest.mark.unit, pytest.mark.anyio]
+
+
+def answer(name: str) -> PlainTextResponse:
+    return PlainTextResponse(name)
+
+
+def route(path: str, name: str, methods: list[str]) -> Route:
+    async def endpoint(request: Request) -> PlainTextResponse:
+        return answer(f"{name} {request.path_params}")
+
+    return Route(path, endpoint, methods=methods)
+
+
+def routes() -> list[BaseRoute]:
+    """A Gym server's routes, in the order Gym and gymhost add them, with the ways a moved route could go wrong:
+    a catch-all before a tool (it must keep the tool), a GET route of a tool's path, a mount over a path."""
+    return [
+        route("/readyz", "readyz", ["GET"]),
+        route("/docs", "docs", ["GET"]),
+        route("/seed_session", "seed", ["POST"]),
+        route("/verify", "verify", ["POST"]),
+        route("/agentenv/pool/{index}", "instance", ["GET"]),
+        route("/shadowed", "shadowed-get", ["GET"]),  # a tool's path, another method: its 405s are this route's
+        route("/{name}/state", "state", ["POST"]),
+        Mount("/mounted", routes=[route("/inner", "inner", ["POST"])]),
+        route("/look", "look", ["POST"]),
+        route("/move", "move", ["POST"]),
+        route("/shadowed", "shadowed-post", ["POST"]),
+        route("/mounted/tool", "mounted-tool", ["POST"]),  # the mount takes it first: it must not move
+        route("/{name}", "unknown", ["POST"]),  # last, so it answers what no tool took
+        route("/after", "after", ["POST"]),  # after the catch-all, which takes it: it must not move
+    ]
+
+
+def test_tools_come_first_then_the_once_an_episode_routes() -> None:
+    app = Starlette(routes=routes())
+    hot_routes_first(app.router)
+    paths = [getattr(r, "path", None) for r in app.router.routes]
+    assert paths[:4] == ["/look", "/move", "/seed_session", "/verify"]
+    for stays in ("/mounted/tool", "/after"):
+        assert paths.index(stays) > paths.index("/mounted"), stays
+
+
+async def test_every_request_is_answered_as_before() -> None:
+    before, after = Starlette(routes=routes()), Starlette(routes=routes())
+    hot_routes_first(after.router)
+    assert [getattr(r, "path", None) for r in before.routes] != [getattr(r, "path", None) for r in after.routes]
+    paths = ["/readyz", "/docs", "/seed_session", "/verify", "/agentenv/pool/3", "/shadowed", "/x/state", "/look"]
+    paths += ["/move", "/mounted/inner", "/mounted/tool", "/after", "/anything", "/look/", "/seed_session/", "/"]
+    clients = [httpx.AsyncClient(transport=httpx.ASGITransport(app=a), base_url="http://t") for a in (before, after)]
+    async with clients[0], clients[1]:
+        for path, method in itertools.product(paths, ["GET", "POST", "PUT", "HEAD"]):
+            answers = [await client.request(method, path) for client in clients]
+            seen = [(a.status_code, sorted(a.headers.items()), a.content) for a in answers]
+            assert seen[0] == seen[1], (method, path)
