@@ -281,9 +281,11 @@ async def think(args: argparse.Namespace) -> dict[str, Any]:
     errors: list[str] = []
     peak = {"instances": 0}
     done = asyncio.Event()
-    # The memory of the whole tree is read once, when the last episode has seeded (each holds an instance then, and
-    # the pool keeps them all until they idle out): reading every instance's smaps_rollup takes long enough that
-    # doing it as the batch arrives held this loop up and put that wait into the seed times it measures.
+    # The memory of the whole tree is read when the last seed has been answered (every instance the batch grew is up
+    # then: the pool stops none before instance_idle_s) and again after the batch, and the larger kept. Reading every
+    # instance's smaps_rollup takes long enough that doing it as the batch arrived, in this loop, held up the seeds
+    # it times; so it is read in a thread, and not before the seeds are over.
+    seeded = [0]  # seeds answered, well or not
     memory: list[asyncio.Future[float]] = []
 
     async def watch(http: aiohttp.ClientSession) -> None:
@@ -296,9 +298,12 @@ async def think(args: argparse.Namespace) -> dict[str, Any]:
     async def one(http: aiohttp.ClientSession) -> None:
         episode = Episode(http, args.url, row)
         try:
-            await timed(seeds, episode.seed())
-            if len(seeds) == args.episodes:
-                memory.append(asyncio.ensure_future(asyncio.to_thread(tree_rss_mb, args.pid)))
+            try:
+                await timed(seeds, episode.seed())
+            finally:
+                seeded[0] += 1
+                if seeded[0] == args.episodes:
+                    memory.append(asyncio.ensure_future(asyncio.to_thread(tree_rss_mb, args.pid)))
             for _ in range(args.calls):
                 await asyncio.sleep(args.think)
                 await episode.tool("gridsim_look", {})
@@ -313,7 +318,7 @@ async def think(args: argparse.Namespace) -> dict[str, Any]:
         elapsed = time.perf_counter() - began
         done.set()
         await watcher
-    rss_mb = await memory[0] if memory else tree_rss_mb(args.pid)
+    rss_mb = max([*[await reading for reading in memory], tree_rss_mb(args.pid)])
     return {"episodes": args.episodes, "think_s": args.think, "calls": args.calls, "errors": len(errors),
             "first_errors": errors[:3], "seconds": round(elapsed, 1), "seed": percentiles(seeds),
             "peak_instances": peak["instances"], "peak_rss_mb": round(rss_mb, 1)}  # fmt: skip

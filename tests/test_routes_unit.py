@@ -10,7 +10,8 @@ import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
-from starlette.routing import BaseRoute, Mount, Route
+from starlette.routing import BaseRoute, Host, Match, Mount, Route
+from starlette.types import Scope
 
 from gymhost._hosting._routes import hot_routes_first
 
@@ -47,6 +48,22 @@ def routes() -> list[BaseRoute]:
         route("/{name}", "unknown", ["POST"]),  # last, so it answers what no tool took
         route("/after", "after", ["POST"]),  # after the catch-all, which takes it: it must not move
     ]
+
+
+class Unreadable(Route):
+    """A route of a kind that cannot tell from a bare request whether it takes it."""
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if "user" not in scope:
+            raise KeyError("user")
+        return super().matches(scope)
+
+
+def test_nothing_moves_past_a_route_that_may_take_anything() -> None:
+    for blocker in (Host("tools.example", app=Starlette()), Unreadable("/{name}", answer, methods=["POST"])):
+        app = Starlette(routes=[route("/seed_session", "seed", ["POST"]), blocker, route("/look", "look", ["POST"])])
+        hot_routes_first(app.router)
+        assert app.router.routes[1] is blocker, type(blocker).__name__
 
 
 def test_tools_come_first_then_the_once_an_episode_routes() -> None:

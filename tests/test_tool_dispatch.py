@@ -138,7 +138,7 @@ async def test_tool_routes_answer_what_fastapis_dispatch_answers(folder: Path, m
     async with both_ways(folder, monkeypatch) as (ours, fastapis):
         tools = tool_paths(ours)
         assert tools, "the folder's tools are in its OpenAPI document"
-        assert ours.openapi() == fastapis.openapi(), "the tool routes are documented as before"
+        assert ours.openapi() == fastapis.openapi(), "the tool routes are documented as before (tools listed first)"
         kinds = [{type(r) for r in app.routes if getattr(r, "path", None) in tools} for app in (ours, fastapis)]
         assert kinds == [{_ToolRoute}, {APIRoute}], "the comparison is with FastAPI's own dispatch"
         firsts = [{getattr(r, "path", None) for r in app.routes[: len(tools)]} for app in (ours, fastapis)]

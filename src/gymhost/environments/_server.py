@@ -324,9 +324,10 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
 class _ToolRoute(APIRoute):
     """A tool's route, whose endpoint reads the request and answers the response itself: FastAPI's handler around
     an endpoint (solving its dependencies, reading and validating a body, validating and serializing a response)
-    has nothing to do here but costs every call, so the endpoint is the handler. Its request wrapper is Starlette's,
-    which FastAPI's is with two exit stacks added for dependencies with ``yield`` (none here: they would stay
-    empty). The exception handling and the route's OpenAPI entry are FastAPI's own, as for any route."""
+    has nothing to do here but costs every call, so the endpoint is the handler. With no dependencies and no body
+    size limit of FastAPI's (the written routes have neither), its request wrapper is Starlette's, which FastAPI's
+    is with two exit stacks added for dependencies with ``yield`` (they would stay empty). The exception handling
+    and the route's OpenAPI entry are FastAPI's own, as for any route."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
