@@ -248,8 +248,10 @@ async def test_seeds_wait_for_a_lease_visibly_then_answer_503_naming_the_limit(f
         waiters = [EpisodeClient(BASE, transport=transport) for _ in range(2)]
         await holder.seed(row)
         seeding = [asyncio.create_task(waiter.post("/seed_session", row)) for waiter in waiters]
-        await asyncio.sleep(0.5)
         status = await pool_status(BASE, transport)
+        while status["waiting_seeds"] < 2 and not any(task.done() for task in seeding):  # until both wait
+            await asyncio.sleep(0.01)
+            status = await pool_status(BASE, transport)
         assert (status["waiting_seeds"], status["leased"], status["free"]) == (2, 1, 0)
         assert (status["limits"]["min_instances"], status["limits"]["max_instances"]) == (1, 1)
         assert status["limits"]["lease_timeout_s"] == 1
