@@ -180,3 +180,55 @@ async def test_a_session_in_use_slides_forward(monkeypatch: pytest.MonkeyPatch) 
             await asyncio.sleep(1.0)
     assert len(set(ids)) == 1
     assert len(cookies) > 1  # re-signed on the way, not re-sent forever
+
+
+async def test_the_cookies_of_finished_episodes_are_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache of verified cookies holds the episodes in play: a cookie unseen for two generations is dropped
+    (and verified again if it ever returns), so a server that has played 10,000 episodes keeps only the last few
+    seconds' worth, whatever its rate."""
+    from types import SimpleNamespace
+
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from gymhost._sessions import _cookie
+    from gymhost.middleware import GymSessionMiddleware
+
+    async def who(request: Request) -> JSONResponse:
+        return JSONResponse(request.session["session_id"])
+
+    now = [0.0]
+    monkeypatch.setattr(_cookie, "time", SimpleNamespace(monotonic=lambda: now[0], time=_cookie.time.time))
+    app = GymSessionMiddleware(Starlette(routes=[Route("/", who)]), cookie_name="s", secret="k")
+    verified = 0
+    unsign = _cookie.itsdangerous.TimestampSigner.unsign
+
+    def counted(self: _cookie.itsdangerous.TimestampSigner, *args: object, **kwargs: object) -> object:
+        nonlocal verified
+        verified += 1
+        return unsign(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_cookie.itsdangerous.TimestampSigner, "unsign", counted)
+
+    async def episode(client: httpx.AsyncClient, calls: int) -> str:
+        first = await client.get("/", headers={"cookie": ""})
+        cookie = first.cookies["s"]
+        for _ in range(calls):
+            assert (await client.get("/", headers={"cookie": f"s={cookie}"})).json() == first.json()
+        return cookie
+
+    def kept() -> int:
+        return len(app._verified) + len(app._verified_before)
+
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://s.test") as client:
+        old = [await episode(client, 3) for _ in range(50)]
+        assert (verified, kept()) == (50, 50)  # each cookie verified once, on its episode's first call
+        for _ in range(3):  # three generations later, 50 episodes in each
+            now[0] += _cookie._VERIFIED_GENERATION_S
+            [await episode(client, 3) for _ in range(50)]
+        assert kept() <= 100  # the last two generations' episodes, not all 200
+        verified = 0
+        await client.get("/", headers={"cookie": f"s={old[0]}"})
+        assert verified == 1  # forgotten, so verified again: still the same session
