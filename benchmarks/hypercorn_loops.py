@@ -49,8 +49,8 @@ def measure(seconds: int, rounds: int) -> dict[str, Any]:
             run.wrk(f"{url}/get_weather", 16, 1, cookie)  # warm up
             targets[name] = (url, cookie)
             samples[name] = []
-        for _ in range(rounds):
-            for name, (url, cookie) in targets.items():
+        for number in range(rounds):
+            for name, (url, cookie) in run.in_turn(targets, number):
                 samples[name].append(run.wrk(f"{url}/get_weather", CONNECTIONS, seconds, cookie, timeout_s=10))
     out: dict[str, Any] = {"connections": CONNECTIONS, "seconds": seconds, "servers": {}}
     for name, runs in samples.items():

@@ -6,9 +6,9 @@ this checkout through PYTHONPATH, in the same venv), of this checkout, and of th
 `--masked-verdicts answer` (which leaves out the masked-verdicts layer, so the pair gives that layer's cost); and the
 two floors under them: Gym's app with no middleware at all (`gym_app_bare.py`: what Gym's own app costs) and a plain
 FastAPI route with the same models (`fastapi_app.py`: FastAPI's floor). wrk (one thread, keep-alive) at 1, 64 and 256
-connections, 4 s a point, rounds interleaved so a machine that slows down slows all of them alike; each point is its
-median round. CPU per request is the server process's own (`/proc`), over the same runs. Writes
-results/<date>-request-path.json and prints the table for README.md.
+connections, 4 s a point, rounds interleaved so a machine that slows down slows all of them alike, each in an order one
+later than the last (`run.in_turn`); each point is its median round. CPU per request is the server process's own
+(`/proc`), over the same runs. Writes results/<date>-request-path.json and prints the table for README.md.
 """
 
 from __future__ import annotations
@@ -73,9 +73,9 @@ def main() -> None:
             cookie = run.seed_cookie(url, row) if served else ""
             run.wrk(f"{url}/get_weather", 16, 1, cookie)  # warm up
             targets[name] = (url, cookie, process.pid)
-        for _ in range(given.rounds):
+        for number in range(given.rounds):
             for c in LEVELS:
-                for name, (url, cookie, pid) in targets.items():
+                for name, (url, cookie, pid) in run.in_turn(targets, number):
                     before = run.cpu_seconds(pid)
                     result = run.wrk(f"{url}/get_weather", c, given.seconds, cookie)
                     result["cpu_us_per_request"] = (

@@ -5,8 +5,9 @@ gridsim written in-process (two instances), one seeded episode's `POST /gridsim_
 (a) `written_bare_app.py`, the same call on an in-process gridsim instance from a bare Starlette endpoint (the
 practical limit), (b) `gymhost serve` of this checkout and, given a BASELINE, (c) `gymhost serve` of that revision
 (a git worktree imported ahead of this checkout through PYTHONPATH, in the same venv). All up at once, wrk (one
-thread, keep-alive) at 1, 64 and 256 connections, rounds interleaved; each point is its median round, with the
-server process's CPU a request from `/proc`. Writes results/<date>-written.json and the README's written block.
+thread, keep-alive) at 1, 64 and 256 connections, rounds interleaved, each in an order one later than the last
+(`run.in_turn`); each point is its median round, with the server process's CPU a request from `/proc`. Writes
+results/<date>-written.json and the README's written block.
 """
 
 from __future__ import annotations
@@ -57,9 +58,9 @@ def measure(seconds: int, rounds: int, baseline: str | None = None) -> dict[str,
                 cookie = run.seed_cookie(url, row) if seeded else ""
                 run.wrk(f"{url}/{TOOL}", 16, 1, cookie, body=BODY)  # warm up
                 targets[name] = (url, cookie, process.pid)
-            for _ in range(rounds):
+            for number in range(rounds):
                 for c in run.CONCURRENCY:
-                    for name, (url, cookie, pid) in targets.items():
+                    for name, (url, cookie, pid) in run.in_turn(targets, number):
                         before = run.cpu_seconds(pid)
                         result = run.wrk(f"{url}/{TOOL}", c, seconds, cookie, body=BODY)
                         result["cpu_us_per_request"] = (
