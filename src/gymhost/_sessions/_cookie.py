@@ -44,8 +44,8 @@ _SALT = "gymhost.session"
 _VERIFIED_KEPT = 100_000  # cookies kept verified at most; beyond that the cache starts again
 # A cookie unseen for between one and two of these is verified again when it returns: about 15 us, against the
 # seconds a model takes between two calls of an episode. The cache holds every episode that started within the last
-# two generations, about 2 KB each (at 125 new episodes a second, 10 s generations hold 2,500 to 5,000 of them;
-# 60 s generations held 30 MB).
+# two generations, about 2 KB each (at 125 new episodes a second, 10 s generations hold 1,250 to 2,500 of them,
+# 2.5 to 5 MB; 60 s generations held up to 30 MB).
 _VERIFIED_GENERATION_S = 10.0
 
 
