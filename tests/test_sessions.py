@@ -212,19 +212,19 @@ async def test_the_cookies_of_finished_episodes_are_forgotten(monkeypatch: pytes
 
     monkeypatch.setattr(_cookie.itsdangerous.TimestampSigner, "unsign", counted)
 
+    async def again(client: httpx.AsyncClient, cookie: str) -> str:
+        answer = await client.get("/", headers={"cookie": f"s={cookie}"})
+        return str(answer.json())
+
     async def episode(client: httpx.AsyncClient, calls: int) -> str:
         first = await client.get("/", headers={"cookie": ""})
         cookie = first.cookies["s"]
         for _ in range(calls):
-            assert (await client.get("/", headers={"cookie": f"s={cookie}"})).json() == first.json()
+            assert await again(client, cookie) == first.json()
         return cookie
 
     def kept() -> int:
         return len(app._verified) + len(app._verified_before)
-
-    async def again(client: httpx.AsyncClient, cookie: str) -> str:
-        answer = await client.get("/", headers={"cookie": f"s={cookie}"})
-        return str(answer.json())
 
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://s.test") as client:
         old = [await episode(client, 3) for _ in range(50)]
@@ -233,13 +233,14 @@ async def test_the_cookies_of_finished_episodes_are_forgotten(monkeypatch: pytes
         playing = old[1]
         for _ in range(3):  # three generations later, 50 new episodes in each, and one still playing throughout
             now[0] += _cookie._VERIFIED_GENERATION_S
-            [await episode(client, 3) for _ in range(50)]
+            for _ in range(50):
+                await episode(client, 3)
             before = verified
             await again(client, playing)
             assert verified == before  # a cookie in use is kept from one generation to the next
         assert kept() <= 101  # the last two generations' episodes and the one still playing, not all 201
         verified = 0
-        assert await again(client, old[0]) == first_session  # unseen for three generations: still its session,
+        assert await again(client, old[0]) == first_session  # unseen for three generations: still its session
         assert verified == 1  # verified again
         assert await again(client, old[0]) == first_session
         assert verified == 1  # and kept from then on
