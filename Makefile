@@ -33,7 +33,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test test-tiers venvs lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-layers clean check-pythons check-py312 check-py313
+.PHONY: test test-tiers venvs lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-layers bench-process-mode clean check-pythons check-py312 check-py313
 
 check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -254,11 +254,15 @@ bench-hypercorn: .venv-gym07/.installed
 bench-image: image .venv-gym07/.installed
 	cd benchmarks && GYMHOST_IMAGE=$(IMAGE) ../.venv-gym07/bin/python image.py
 
-# The request path before and after a change, side by side (benchmarks/request_path.py): BASELINE=<git revision>.
+# Process mode beside in-process mode (benchmarks/process_mode.py); BASELINE=<revision> adds that revision's two.
+bench-process-mode: .venv-gym07/.installed
+	cd benchmarks && ../.venv-gym07/bin/python process_mode.py $(if $(BASELINE),--baseline $(BASELINE))
+
 # Where a Gym server's tool call spends gymhost's microseconds, layer by layer, in-process (benchmarks/layers.py).
 bench-layers: .venv-gym07/.installed
 	cd benchmarks && ../.venv-gym07/bin/python layers.py
 
+# The request path before and after a change, side by side (benchmarks/request_path.py): BASELINE=<git revision>.
 bench-request-path: .venv-gym07/.installed
 	@command -v wrk >/dev/null || apt-get install -y -q wrk
 	cd benchmarks && ../.venv-gym07/bin/python request_path.py --baseline $(BASELINE)

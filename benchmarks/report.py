@@ -13,6 +13,7 @@ HYPERCORN_START, HYPERCORN_END = "<!-- hypercorn:start -->", "<!-- hypercorn:end
 COLD_START, COLD_END = "<!-- cold-start:start -->", "<!-- cold-start:end -->"
 WRITTEN_START, WRITTEN_END = "<!-- written:start -->", "<!-- written:end -->"  # and written_calls.py
 LAYERS_START, LAYERS_END = "<!-- layers:start -->", "<!-- layers:end -->"  # and layers.py
+PROCESS_START, PROCESS_END = "<!-- process-mode:start -->", "<!-- process-mode:end -->"  # and process_mode.py
 HYPERCORN_NAMES = {
     "gymhost_hypercorn": "`gymhost serve --server hypercorn` (asyncio's loop)",
     "hypercorn_asyncio": "`hypercorn gymhost.asgi:app -k asyncio`",
@@ -415,6 +416,43 @@ def written_tables(out: dict[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
+def process_mode_tables(out: dict[str, Any], source: str) -> str:
+    """Process mode beside in-process mode, each on this checkout and (when measured) on the revision before."""
+    ratio = out["process_vs_in_process"]["checkout"]
+    revisions = ["checkout"] + (["baseline"] if out.get("baseline") else [])
+    labels = {"checkout": "this checkout", "baseline": f"{out.get('baseline')} (the revision compared with)"}
+    lines = [
+        f"64 concurrent gridsim episodes of 40 tool calls on a pool grown to 64 (folders written with default"
+        f" options), each server's median of {out['rounds']} interleaved rounds (raw numbers: [{source}]({source}))."
+        f" Process mode >= 0.7x in-process mode's calls/s: {'met' if ratio['median'] >= 0.7 else 'missed'}"
+        f" ({ratio['median']:g}; rounds {', '.join(f'{r:g}' for r in ratio['rounds'])}).",
+        "",
+        "| server | calls/s | the server's CPU a request | the instance processes' CPU a request |",
+        "|---|---|---|---|",
+    ]
+    for revision in revisions:
+        for mode in ("process", "in-process"):
+            row = out["servers"][f"{revision} {mode}"]
+            instances = f"{row['instances_cpu_ms_per_request']:g} ms" if mode == "process" else "(none)"
+            lines.append(
+                f"| {mode} mode, {labels[revision]} | {row['calls_per_s']:,.0f} |"
+                f" {row['gymhost_cpu_ms_per_request']:g} ms | {instances} |"
+            )
+    lines += ["", "| ratio (calls/s, median of the rounds' ratios) | median | rounds |", "|---|---|---|"]
+    for revision in revisions:
+        each = out["process_vs_in_process"][revision]
+        lines.append(
+            f"| process / in-process, {labels[revision]}{', target >= 0.7' if revision == 'checkout' else ''} |"
+            f" {each['median']:g} | {', '.join(f'{r:g}' for r in each['rounds'])} |"
+        )
+    for mode, each in (out.get("checkout_vs_baseline") or {}).items():
+        lines.append(
+            f"| {mode} mode, this checkout / {out['baseline']} | {each['median']:g} |"
+            f" {', '.join(f'{r:g}' for r in each['rounds'])} |"
+        )
+    return "\n".join(lines)
+
+
 def cold_start_tables(out: dict[str, Any], source: str) -> str:
     """A cold batch and one start, instances constructed once in the template beside each constructing its own."""
     each, once = out["construct_each"], out["construct_once"]
@@ -509,6 +547,8 @@ def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
         text = _replace(text, COLD_START, COLD_END, cold_start_tables(results["cold_start"], source))
     if "layers" in results:
         text = _replace(text, LAYERS_START, LAYERS_END, layers_tables(results["layers"], source))
+    if "process_mode" in results:
+        text = _replace(text, PROCESS_START, PROCESS_END, process_mode_tables(results["process_mode"], source))
     readme.write_text(text)
 
 

@@ -21,7 +21,8 @@ the table in benchmarks/README.md.
    for `--workers 1`, `--workers 2` (connections handed to their owner) and `--workers 2 --no-hand-off` (forwarded).
 8. An OpenEnv server's tool call through its written gymhost server; Gym's stated load (bursts of connections).
 9. hypercorn's loops (`hypercorn_loops.py`), a written server's tool call against its bare endpoint
-   (`written_calls.py`), and a Gym server's tool call layer by layer, in-process (`layers.py`).
+   (`written_calls.py`), a Gym server's tool call layer by layer, in-process (`layers.py`), and process mode
+   beside in-process mode in interleaved rounds (`process_mode.py`).
 
 Run it with the nemo-gym 0.7.0 venv's Python (`make bench` does); `--quick` shortens every measurement.
 """
@@ -1000,6 +1001,7 @@ def main() -> None:
         return
     import hypercorn_loops
     import layers
+    import process_mode
     import written_calls
 
     if shutil.which("wrk") is None:
@@ -1034,6 +1036,8 @@ def main() -> None:
     results["written"] = written_calls.measure(*((1, 1) if args.quick else (4, 3)))
     print("a Gym server's tool call, layer by layer (in-process):")
     results["layers"] = layers.measure(*((200, 2) if args.quick else (2000, 9)))
+    print("process mode beside in-process mode:")
+    results["process_mode"] = process_mode.measure(1 if args.quick else 5)
     results["ratios"] = ratios(results)
     write_results(results, results["date"][:10] + ("-quick" if args.quick else ""))
     print(json.dumps(results["ratios"], indent=2))

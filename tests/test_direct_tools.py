@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp.server.lowlevel.server import request_ctx
 
 from gymhost.environments._agentenv._channel import ChannelToolSession
 from gymhost.environments._agentenv._client import EnvClient, McpSession
@@ -252,6 +253,21 @@ async def test_a_call_past_its_time_limit_fails_as_a_timeout(tmp_path: Path, pat
         await session.close()
         with pytest.raises(McpSessionError):
             await session.call_tool("increment", {})
+
+
+@pytest.mark.parametrize(("tool", "arguments"), [("increment", {}), ("sleepy", {"seconds": 0.01})])
+async def test_a_direct_call_leaves_its_request_context_in_its_own_task(
+    tmp_path: Path, tool: str, arguments: dict[str, Any]
+) -> None:
+    """A call runs in a task of its own, started at once: one that never waits (``increment``) answers before its
+    task is scheduled, one that waits (``sleepy``) is awaited; either way what mcp's handler sets (its request
+    context) stays in that task, and the caller's own context is untouched."""
+    async with probe(tmp_path) as instance:
+        session = await direct(instance, None).open()
+        assert request_ctx.get(None) is None
+        assert (await session.call_tool(tool, arguments)).isError is False
+        assert request_ctx.get(None) is None
+        await session.close()
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -286,9 +286,12 @@ class _Served:
         self.protocol = _Framed(self._received, self._lost)
 
     def _received(self, message: Any) -> None:
-        task = asyncio.get_running_loop().create_task(self._answer(message))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        # Started eagerly, from the read itself: a call that never waits is answered before this returns, which
+        # saves the instance a turn of its event loop a call; one that waits goes on as a task.
+        task = asyncio.Task(self._answer(message), loop=asyncio.get_running_loop(), eager_start=True)
+        if not task.done():
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
 
     async def _answer(self, message: Any) -> None:
         try:
