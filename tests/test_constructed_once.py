@@ -8,7 +8,11 @@ instance processes, reached over their channels as a process-mode server reaches
 
 from __future__ import annotations
 
+import asyncio
 import json
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +25,7 @@ from gymhost.environments._backend import Catalog, Instance
 from gymhost.environments._settings import PoolSettings
 
 from .agentenv_helpers import until_described
+from .processes import alive, children
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -142,3 +147,95 @@ async def test_a_constructor_a_fork_cannot_copy_runs_in_each_instance(
     assert (one["notes"], two["notes"]) == (["a"], ["b"])
     said = "NotesEnv: each instance constructs its own environment: its constructor "
     assert said + why in capfd.readouterr().err
+
+
+TICKING_ENV = """
+import _thread
+import time
+from typing import Any
+
+from agentenv_protocol import AgentEnvEnvironment, environment_card, tool
+
+TICKS = [0]
+
+
+def tick() -> None:
+    while True:
+        TICKS[0] += 1
+        time.sleep(0.01)
+
+
+_thread.start_new_thread(tick, ())  # at import: a thread threading does not count
+
+
+@environment_card(name="ticking")
+class TickingEnv(AgentEnvEnvironment):
+    @tool(name="ticks")
+    async def ticks(self) -> dict[str, Any]:
+        \"\"\"How often the import's thread has ticked.\"\"\"
+        return {"ticks": TICKS[0]}
+"""
+
+
+async def test_an_import_that_starts_a_native_thread_is_not_forked(tmp_path: Path) -> None:
+    """A fork carries no thread over, so instances of an environment whose import started one (counted by the
+    kernel: native code starts threads threading never sees) are started as processes of their own, thread and
+    all."""
+    bundle = tmp_path / "ticking"
+    bundle.mkdir()
+    (bundle / "env.py").write_text(TICKING_ENV)
+    launcher = BundleLauncher(bundle)
+    instance = await launcher.launch(0, PoolSettings())
+    try:
+        await until_described(instance)
+        session = await instance.client.tool_session(Catalog("ticking"), role=None, timeout=30).open()
+        first = json.loads((await session.call_tool("ticks", {})).text)["ticks"]
+        deadline = time.monotonic() + 30
+        while json.loads((await session.call_tool("ticks", {})).text)["ticks"] == first:
+            assert time.monotonic() < deadline, "the import's thread does not run in the instance"
+            await asyncio.sleep(0.05)
+        await session.close()
+        assert launcher._template is not None
+        assert not launcher._template.forks
+    finally:
+        await launcher.stop(instance)
+        await launcher.close()
+
+
+HANGING_SERVER = """
+import asyncio
+import sys
+from pathlib import Path
+
+from gymhost.environments._agentenv._forking import BundleLauncher
+from gymhost.environments._settings import PoolSettings
+
+asyncio.run(BundleLauncher(Path(sys.argv[1])).launch(0, PoolSettings()))
+"""
+
+
+def test_a_template_stuck_in_a_constructor_dies_with_the_server(tmp_path: Path) -> None:
+    """The server is killed while the template constructs an environment that never finishes: the template,
+    which reads no command meanwhile, and the throwaway child it constructs in, go with it."""
+    bundle = tmp_path / "notes"
+    bundle.mkdir()
+    (bundle / "env.py").write_text(NOTES_ENV.replace("CONSTRUCTOR_EXTRA", "time.sleep(3600)"))
+    server = subprocess.Popen([sys.executable, "-c", HANGING_SERVER, str(bundle)])
+    try:
+        deadline = time.monotonic() + 60
+        templates: list[int] = []
+        constructing: list[int] = []
+        while not constructing:  # the template, and under it the throwaway child running the constructor
+            assert server.poll() is None, "the server exited"
+            assert time.monotonic() < deadline, "the template never started constructing"
+            templates = children(server.pid)
+            constructing = [child for template in templates for child in children(template)]
+            time.sleep(0.05)
+        stuck = [*templates, *constructing]
+    finally:
+        server.kill()
+        server.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in stuck) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in stuck), f"{stuck} outlived the server that started them"

@@ -37,7 +37,7 @@ from ._client import EnvClient
 from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, construct
 from ._schema_cache import prepare
 
-__all__ = ["constructed_once"]
+__all__ = ["constructed_once", "os_threads"]
 
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 # Audit events of what reaches outside the process (https://docs.python.org/3/library/audit_events.html).
@@ -56,14 +56,14 @@ def constructed_once(environment_class: type[Any]) -> type[Any] | Constructed:
     construction showed it safe to fork from; otherwise the class, for each instance to construct its own."""
     problem = _probe(environment_class)
     if problem is None:
-        threads = _os_threads()
+        threads = os_threads()
         try:
             constructed = construct(environment_class)
             asyncio.run(_prepare(constructed))
         except Exception as error:
             problem = f"raised {error!r} in the template"
         else:
-            if _os_threads() == threads:
+            if os_threads() == threads:
                 return constructed
             problem = "started a thread in the template"
     name = environment_class.__name__
@@ -72,7 +72,7 @@ def constructed_once(environment_class: type[Any]) -> type[Any] | Constructed:
     return environment_class
 
 
-def _os_threads() -> int:
+def os_threads() -> int:
     """This process's threads as the kernel counts them: those native code started too."""
     try:
         return len(os.listdir("/proc/self/task"))
@@ -121,7 +121,7 @@ def _construction_problem(environment_class: type[Any]) -> str | None:
             outside.append(f"calls {event}{arguments!r}")
 
     tempfile.gettempdir()  # found once per process by writing a file there: tempfile's doing, not the constructor's
-    threads, descriptors = _os_threads(), _descriptors()
+    threads, descriptors = os_threads(), _descriptors()
     sys.addaudithook(watch)  # for this child's life, which ends with the check
     try:
         construct(environment_class)
@@ -129,7 +129,7 @@ def _construction_problem(environment_class: type[Any]) -> str | None:
         return f"raised {error!r}"
     if outside:
         return f"reaches outside its process: it {outside[0]}"
-    if _os_threads() != threads:
+    if os_threads() != threads:
         return "starts a thread"
     if _descriptors() != descriptors:
         return "leaves a file or socket open"

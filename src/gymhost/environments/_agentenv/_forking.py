@@ -24,12 +24,13 @@ from .._errors import StartupError
 from .._settings import DEFAULT_CONSTRUCT_ONCE, PoolSettings
 from ._channel import ChannelClient
 
-__all__ = ["CONSTRUCT_EACH", "SPAWNED", "TEMPLATE_READY", "BundleLauncher"]
+__all__ = ["CONSTRUCT_EACH", "SERVER_PID", "SPAWNED", "TEMPLATE_READY", "BundleLauncher"]
 
 # The template's protocol (``_template``): it says TEMPLATE_READY fork|nofork, then answers each spawn with SPAWNED PID.
 TEMPLATE_READY = "gymhost-template"
 SPAWNED = "spawned"
 CONSTRUCT_EACH = "--construct-each"  # the template's option: each instance constructs its environment after its fork
+SERVER_PID = "GYMHOST_TEMPLATE_SERVER_PID"  # the process the template dies with (set in the template's environment)
 _STOP_GRACE_S = 5.0
 _TEMPLATE = ("-m", "gymhost.environments._agentenv._template")
 
@@ -134,7 +135,7 @@ class _Template:
             *([] if construct_once else [CONSTRUCT_EACH]),
             stdin=asyncio.subprocess.PIPE,  # commands; closed (or the server dies): the template and its instances go
             stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", SERVER_PID: str(os.getpid())},
         )
         try:
             # Importing, then constructing twice (in a throwaway child, then for good): more than one start's limit.
