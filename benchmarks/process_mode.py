@@ -82,7 +82,7 @@ def _median(played: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _median_ratio(over: list[dict[str, Any]], under: list[dict[str, Any]]) -> dict[str, Any]:
     rounds = [round(a["calls_per_s"] / b["calls_per_s"], 2) for a, b in zip(over, under, strict=True)]
-    return {"median": statistics.median(rounds), "rounds": rounds}
+    return {"median": statistics.median_high(rounds), "rounds": rounds}  # a round's, as ``_median`` picks
 
 
 def main() -> None:

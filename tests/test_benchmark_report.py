@@ -53,6 +53,7 @@ SECTION_BLOCKS = {
     "cold_start": (report.COLD_START, report.COLD_END, report.cold_start_tables),
     "written": (report.WRITTEN_START, report.WRITTEN_END, report.written_tables),
     "layers": (report.LAYERS_START, report.LAYERS_END, report.layers_tables),
+    "process_mode": (report.PROCESS_START, report.PROCESS_END, report.process_mode_tables),
 }
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -150,7 +152,8 @@ async def test_a_constructor_a_fork_cannot_copy_runs_in_each_instance(
 
 
 TICKING_ENV = """
-import _thread
+import os
+import threading
 import time
 from typing import Any
 
@@ -165,7 +168,9 @@ def tick() -> None:
         time.sleep(0.01)
 
 
-_thread.start_new_thread(tick, ())  # at import: a thread threading does not count
+threading.Thread(target=tick, daemon=True).start()  # at import, which a fork would not carry over
+with open(os.path.join(os.path.dirname(__file__), "imports"), "a") as imports:
+    imports.write(f"{os.getpid()}\\n")
 
 
 @environment_card(name="ticking")
@@ -177,29 +182,40 @@ class TickingEnv(AgentEnvEnvironment):
 """
 
 
-async def test_an_import_that_starts_a_native_thread_is_not_forked(tmp_path: Path) -> None:
-    """A fork carries no thread over, so instances of an environment whose import started one (counted by the
-    kernel: native code starts threads threading never sees) are started as processes of their own, thread and
-    all."""
+async def ticks(instance: Instance) -> int:
+    session = await instance.client.tool_session(Catalog("ticking"), role=None, timeout=30).open()
+    try:
+        answer: int = json.loads((await session.call_tool("ticks", {})).text)["ticks"]
+    finally:
+        await session.close()
+    return answer
+
+
+async def test_an_import_that_starts_a_thread_is_imported_once_an_instance(tmp_path: Path) -> None:
+    """A fork carries no thread over, so instances of an environment whose import started one are started as
+    processes of their own, thread and all; the template, which found that out and exited, is not started again for
+    each of them."""
     bundle = tmp_path / "ticking"
     bundle.mkdir()
     (bundle / "env.py").write_text(TICKING_ENV)
     launcher = BundleLauncher(bundle)
-    instance = await launcher.launch(0, PoolSettings())
+    instances = []
     try:
-        await until_described(instance)
-        session = await instance.client.tool_session(Catalog("ticking"), role=None, timeout=30).open()
-        first = json.loads((await session.call_tool("ticks", {})).text)["ticks"]
-        deadline = time.monotonic() + 30
-        while json.loads((await session.call_tool("ticks", {})).text)["ticks"] == first:
-            assert time.monotonic() < deadline, "the import's thread does not run in the instance"
-            await asyncio.sleep(0.05)
-        await session.close()
-        assert launcher._template is not None
-        assert not launcher._template.forks
+        for index in range(3):
+            instances.append(await launcher.launch(index, PoolSettings()))
+            await until_described(instances[-1])
+        for instance in instances:
+            first, deadline = await ticks(instance), time.monotonic() + 30
+            while await ticks(instance) == first:
+                assert time.monotonic() < deadline, "the import's thread does not run in the instance"
+                await asyncio.sleep(0.05)
     finally:
-        await launcher.stop(instance)
+        for instance in instances:
+            await launcher.stop(instance)
         await launcher.close()
+    imports = (bundle / "imports").read_text().split()
+    assert len(imports) == 4, f"imported {len(imports)} times for 3 instances (the template's import and theirs)"
+    assert len(set(imports)) == 4
 
 
 HANGING_SERVER = """
@@ -238,4 +254,7 @@ def test_a_template_stuck_in_a_constructor_dies_with_the_server(tmp_path: Path) 
     deadline = time.monotonic() + 10
     while any(alive(pid) for pid in stuck) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(alive(pid) for pid in stuck), f"{stuck} outlived the server that started them"
+    left = [pid for pid in stuck if alive(pid)]
+    for pid in left:  # not to leave them behind when the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{left} outlived the server that started them"

@@ -17,11 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 from mcp.server.lowlevel.server import request_ctx
 
 from gymhost.environments._agentenv._channel import ChannelToolSession
 from gymhost.environments._agentenv._client import EnvClient, McpSession
 from gymhost.environments._agentenv._direct import DirectToolSession
+from gymhost.environments._agentenv._eager import start_eagerly
 from gymhost.environments._agentenv._forking import BundleLauncher
 from gymhost.environments._agentenv._launchers import InProcessLauncher
 from gymhost.environments._backend import Catalog, Instance
@@ -268,6 +270,27 @@ async def test_a_direct_call_leaves_its_request_context_in_its_own_task(
         assert (await session.call_tool(tool, arguments)).isError is False
         assert request_ctx.get(None) is None
         await session.close()
+
+
+@pytest.mark.parametrize("loop_factory", [asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
+def test_a_call_that_stops_its_process_ends_the_event_loop(loop_factory: Any) -> None:
+    """A call started at once that raises ``SystemExit`` ends its event loop, as it did from a scheduled task,
+    instead of raising into its caller (in an instance process, the channel's read)."""
+
+    async def stops() -> None:
+        raise SystemExit(3)
+
+    async def caller() -> None:
+        try:
+            started = start_eagerly(stops())
+        except SystemExit:
+            raise AssertionError("the exit was raised into the caller") from None
+        assert started is None
+        await asyncio.sleep(30)
+        raise AssertionError("the event loop went on")
+
+    with asyncio.Runner(loop_factory=loop_factory) as runner, pytest.raises(SystemExit):
+        runner.run(caller())
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -40,6 +40,7 @@ from .._backend import Catalog, ToolSession
 from .._errors import EnvDroppedError, EnvTimeoutError, EnvUnavailableError, MalformedReplyError, McpSessionError
 from .._grading import Outcome
 from .._tasks import Task
+from ._eager import start_eagerly
 
 __all__ = ["ChannelClient", "listen_at", "serve_instance"]
 
@@ -286,10 +287,10 @@ class _Served:
         self.protocol = _Framed(self._received, self._lost)
 
     def _received(self, message: Any) -> None:
-        # Started eagerly, from the read itself: a call that never waits is answered before this returns, which
-        # saves the instance a turn of its event loop a call; one that waits goes on as a task.
-        task = asyncio.Task(self._answer(message), loop=asyncio.get_running_loop(), eager_start=True)
-        if not task.done():
+        # Started from the read itself: a call that never waits is answered before this returns, which saves the
+        # instance a turn of its event loop a call; one that waits goes on as a task.
+        task = start_eagerly(self._answer(message))
+        if task is not None and not task.done():
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 

@@ -37,7 +37,7 @@ from ._client import EnvClient
 from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, construct
 from ._schema_cache import prepare
 
-__all__ = ["constructed_once", "os_threads"]
+__all__ = ["constructed_once"]
 
 _WRITES = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 # Audit events of what reaches outside the process (https://docs.python.org/3/library/audit_events.html).
@@ -56,14 +56,14 @@ def constructed_once(environment_class: type[Any]) -> type[Any] | Constructed:
     construction showed it safe to fork from; otherwise the class, for each instance to construct its own."""
     problem = _probe(environment_class)
     if problem is None:
-        threads = os_threads()
+        threads = _os_threads()
         try:
             constructed = construct(environment_class)
             asyncio.run(_prepare(constructed))
         except Exception as error:
             problem = f"raised {error!r} in the template"
         else:
-            if os_threads() == threads:
+            if _os_threads() == threads:
                 return constructed
             problem = "started a thread in the template"
     name = environment_class.__name__
@@ -72,7 +72,7 @@ def constructed_once(environment_class: type[Any]) -> type[Any] | Constructed:
     return environment_class
 
 
-def os_threads() -> int:
+def _os_threads() -> int:
     """This process's threads as the kernel counts them: those native code started too."""
     try:
         return len(os.listdir("/proc/self/task"))
@@ -85,12 +85,15 @@ def os_threads() -> int:
 def _probe(environment_class: type[Any]) -> str | None:
     """Construct in a throwaway child, watched: None if that was safe to fork from, else what it did."""
     reading, writing = os.pipe()
+    template = os.getpid()
     child = os.fork()
     if child == 0:
         os.close(reading)
         problem = "did not finish"
         try:
             die_with_parent(signal.SIGKILL)
+            if os.getppid() != template:  # the template died before the line above took effect
+                os._exit(1)
             problem = _construction_problem(environment_class) or ""
         finally:
             os.write(writing, problem.encode(errors="replace")[:4000])
@@ -121,7 +124,7 @@ def _construction_problem(environment_class: type[Any]) -> str | None:
             outside.append(f"calls {event}{arguments!r}")
 
     tempfile.gettempdir()  # found once per process by writing a file there: tempfile's doing, not the constructor's
-    threads, descriptors = os_threads(), _descriptors()
+    threads, descriptors = _os_threads(), _descriptors()
     sys.addaudithook(watch)  # for this child's life, which ends with the check
     try:
         construct(environment_class)
@@ -129,7 +132,7 @@ def _construction_problem(environment_class: type[Any]) -> str | None:
         return f"raised {error!r}"
     if outside:
         return f"reaches outside its process: it {outside[0]}"
-    if os_threads() != threads:
+    if _os_threads() != threads:
         return "starts a thread"
     if _descriptors() != descriptors:
         return "leaves a file or socket open"

@@ -38,6 +38,7 @@ from mcp.shared.exceptions import McpError
 from ..._version import __version__
 from .._errors import EnvTimeoutError, McpMalformedReplyError, McpSessionError
 from ._client import MCP_PROTOCOL_VERSION
+from ._eager import start_eagerly
 
 __all__ = ["DirectToolSession"]
 
@@ -165,15 +166,17 @@ class DirectToolSession:
             experimental=self._experimental,
             request=None,  # no HTTP request: a tool reading request headers itself finds none
         )
-        # A task of its own: the request context, the ToolContext and whatever the tool sets stay in there. Started
-        # eagerly: a tool that never waits (most do not) has answered before the task is scheduled, which saves a turn
-        # of the event loop and a timer a call (``benchmarks/README.md``, "What made it fast").
-        task = asyncio.Task(_handle(handler, request, context), loop=asyncio.get_running_loop(), eager_start=True)
+        # A task of its own: the request context, the ToolContext and whatever the tool sets stay in there.
+        deadline = asyncio.get_running_loop().time() + self.timeout  # counting what runs before the tool's first wait
+        task = start_eagerly(_handle(handler, request, context))
+        if task is None:
+            raise McpSessionError(f"{method}: the tool stopped its process")
         if task.done():
             response = task.result()
         else:
             try:
-                response = await asyncio.wait_for(task, self.timeout)
+                async with asyncio.timeout_at(deadline):  # cancels the task, as wait_for did
+                    response = await task
             except TimeoutError:
                 raise EnvTimeoutError(f"MCP {method} did not answer within {self.timeout:g}s") from None
         if isinstance(response, types.ErrorData):

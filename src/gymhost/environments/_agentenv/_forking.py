@@ -223,9 +223,10 @@ class BundleLauncher:
             self._sockets = None
 
     async def _template_up(self, timeout: float) -> _Template:
-        """The template, started on first use and again if it died (its instances died with it)."""
+        """The template, started on first use and again if it died (its instances died with it); one that said it
+        cannot fork has exited on purpose, and is not started again for every instance."""
         async with self._starting:
-            if self._template is None or not self._template.alive():
+            if self._template is None or (self._template.forks and not self._template.alive()):
                 if self._sockets is None:
                     self._sockets = Path(tempfile.mkdtemp(prefix="gymhost-instances-"))
                 self._template = await _Template.start(self.bundle, timeout, construct_once=self.construct_once)

@@ -10,8 +10,8 @@ The protocol on the template's stdin and stdout, one line each way:
 
 - the template says ``gymhost-template fork`` once it has imported everything and, unless told
   ``--construct-each``, constructed the environment where that is safe (``nofork``, and exits, when the
-  environment's import started threads, counted by the kernel, which a fork would not carry over: then the launcher
-  starts each instance as a process of its own, ``--serve PATH``);
+  environment's import started threads, which a fork would not carry over: then the launcher starts each instance
+  as a process of its own, ``--serve PATH``, and no template again);
 - ``spawn PATH`` asks for an instance answering on the Unix socket PATH; the template binds PATH, forks and answers
   ``spawned PID`` at once, and the instance answers there when it is ready: the pool's first describe connects at
   once and waits in the socket's queue, with no polling for the socket to appear (``failed ERROR``: PATH could not
@@ -23,10 +23,11 @@ the server's calls over its private channel (``_channel``): no ASGI server and n
 Where it is safe, the template constructs the environment once and every instance is a copy of it
 (``_construct_once``); otherwise each instance constructs its own after its fork.
 
-No instance outlives the server. The template exits when its stdin reaches end of file, which happens when the
-server closes it or dies by any signal, and the kernel kills it when the server dies while it is still importing or
-constructing the environment, before it reads its commands (``PR_SET_PDEATHSIG``); each instance asks the kernel to
-kill it when the template exits. Everything an environment prints goes to stderr: stdout carries the protocol only.
+No instance outlives the server. The template exits when its stdin reaches end of file (the server closed it), and
+the kernel kills it when the server dies, whatever it is doing then, importing or constructing the environment
+included (``PR_SET_PDEATHSIG``, set as it starts; so the thread that starts the template must last as long as its
+pool: the event loop's); each instance asks the kernel to kill it when the template exits. Everything an
+environment prints goes to stderr: stdout carries the protocol only.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from typing import Any, TextIO
 from ..._sessions._identity import die_with_parent
 from .._errors import StartupError
 from ._channel import listen_at, serve_instance
-from ._construct_once import constructed_once, os_threads
+from ._construct_once import constructed_once
 from ._forking import CONSTRUCT_EACH, SERVER_PID, SPAWNED, TEMPLATE_READY
 from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, host_in_process, load_environment_class, stop_in_process
 from ._schema_cache import install as install_schema_cache
@@ -71,7 +72,7 @@ def _template(bundle: Path, *, construct_once: bool) -> None:
     replies = _quiet_stdout()
     environment_class = _load(bundle)
     _preload()
-    if os_threads() != 1 or not hasattr(os, "fork"):  # counted by the kernel: native code starts threads too
+    if threading.active_count() != 1 or not hasattr(os, "fork"):
         _say(replies, f"{TEMPLATE_READY} nofork")
         return  # the launcher starts each instance with --serve instead
     environment = constructed_once(environment_class) if construct_once else environment_class
@@ -105,6 +106,7 @@ def _die_with_server() -> None:
     server = os.environ.pop(SERVER_PID, None)
     die_with_parent(signal.SIGKILL)
     if server is not None and os.getppid() != int(server):  # it died before the line above took effect
+        print(f"gymhost: instance template: the server {server} is gone; exiting", file=sys.stderr, flush=True)
         os._exit(1)
 
 
