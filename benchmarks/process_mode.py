@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import datetime
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,15 +30,9 @@ MODES = ("process", "in-process")
 def measure(rounds: int, baseline: str | None = None) -> dict[str, Any]:
     revisions: dict[str, dict[str, str]] = {"checkout": {}}
     if baseline is not None:
-        from request_path import worktree
+        from request_path import baseline_environment
 
-        tree = worktree(baseline)
-        imported = subprocess.run(
-            [run.PYTHON, "-c", "import gymhost; print(gymhost.__file__)"],
-            capture_output=True, text=True, check=True, env={**run.os.environ, "PYTHONPATH": str(tree / "src")},
-        ).stdout.strip()  # fmt: skip
-        assert imported.startswith(str(tree)), f"the baseline would import {imported}, not {tree}'s gymhost"
-        revisions["baseline"] = {"PYTHONPATH": str(tree / "src")}
+        revisions["baseline"] = baseline_environment(baseline)
     samples: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="gymhost-process-mode-") as scratch, contextlib.ExitStack() as stack:
         targets: dict[str, tuple[str, str, int]] = {}

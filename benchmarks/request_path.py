@@ -39,23 +39,30 @@ def worktree(revision: str) -> Path:
     return path
 
 
+def baseline_environment(revision: str) -> dict[str, str]:
+    """What a process needs in its environment to import ``revision``'s gymhost (its worktree's ``src`` ahead of
+    this checkout's), checked by importing it once."""
+    tree = worktree(revision)
+    environment = {"PYTHONPATH": str(tree / "src")}
+    imported = subprocess.run(
+        [run.PYTHON, "-c", "import gymhost; print(gymhost.__file__)"],
+        capture_output=True, text=True, check=True, env={**run.os.environ, **environment},
+    ).stdout.strip()  # fmt: skip
+    assert imported.startswith(str(tree)), f"the baseline would import {imported}, not {tree}'s gymhost"
+    return environment
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", required=True, help="the git revision to compare with")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=int, default=4)
     given = parser.parse_args()
-    baseline = worktree(given.baseline)
-    imported = subprocess.run(
-        [run.PYTHON, "-c", "import gymhost; print(gymhost.__file__)"],
-        capture_output=True, text=True, check=True, env={**run.os.environ, "PYTHONPATH": str(baseline / "src")},
-    ).stdout.strip()  # fmt: skip
-    assert imported.startswith(str(baseline)), f"the baseline would import {imported}, not {baseline}'s gymhost"
     folder = run.gym_root() / run.EXAMPLE
     row = json.loads((folder / "data" / "example.jsonl").read_text().splitlines()[0])
     serve = [run.PYTHON, "-m", "gymhost", "serve", str(folder), "--log-level", "warning"]
     servers: dict[str, tuple[list[str], dict[str, str]]] = {
-        f"baseline ({given.baseline})": (serve, {"PYTHONPATH": str(baseline / "src")}),
+        f"baseline ({given.baseline})": (serve, baseline_environment(given.baseline)),
         "this checkout": (serve, {}),
         "this checkout, --masked-verdicts answer": ([*serve, "--masked-verdicts", "answer"], {}),
         "Gym's app, no middleware (Gym's own floor)": ([run.PYTHON, str(HERE / "gym_app_bare.py"), str(folder)], {}),

@@ -17,7 +17,6 @@ import contextlib
 import datetime
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -39,15 +38,9 @@ def measure(seconds: int, rounds: int, baseline: str | None = None) -> dict[str,
             "gymhost": ([*serve, "--port"], {}, True),
         }
         if baseline is not None:
-            from request_path import worktree
+            from request_path import baseline_environment
 
-            tree = worktree(baseline)
-            imported = subprocess.run(
-                [run.PYTHON, "-c", "import gymhost; print(gymhost.__file__)"],
-                capture_output=True, text=True, check=True, env={**run.os.environ, "PYTHONPATH": str(tree / "src")},
-            ).stdout.strip()  # fmt: skip
-            assert imported.startswith(str(tree)), f"the baseline would import {imported}, not {tree}'s gymhost"
-            servers["baseline"] = ([*serve, "--port"], {"PYTHONPATH": str(tree / "src")}, True)
+            servers["baseline"] = ([*serve, "--port"], baseline_environment(baseline), True)
         samples: dict[str, dict[int, list[dict[str, Any]]]] = {n: {c: [] for c in run.CONCURRENCY} for n in servers}
         with contextlib.ExitStack() as stack:
             targets = {}
