@@ -241,9 +241,10 @@ bench-written: .venv-gym07/.installed
 	@command -v wrk >/dev/null || apt-get install -y -q wrk
 	cd benchmarks && ../.venv-gym07/bin/python written_calls.py $(if $(BASELINE),--baseline $(BASELINE))
 
-# A cold batch with instances constructed once in the template, beside each constructing its own.
+# A cold batch with instances constructed once in the template, beside each constructing its own; BASELINE=<revision>
+# adds that revision's default pool.
 bench-cold-start: .venv-gym07/.installed
-	cd benchmarks && ../.venv-gym07/bin/python run.py --only cold_start
+	cd benchmarks && ../.venv-gym07/bin/python run.py --only cold_start $(if $(BASELINE),--baseline $(BASELINE))
 
 # hypercorn on each loop at 256 connections, p99 and max side by side (benchmarks/hypercorn_loops.py).
 bench-hypercorn: .venv-gym07/.installed

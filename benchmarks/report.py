@@ -484,6 +484,21 @@ def cold_start_tables(out: dict[str, Any], source: str) -> str:
         ),
     )
     row("an idle instance's own memory (PSS)", lambda v: f"{v['starts']['idle_instance_pss_mb']:g} MB")
+    before = out.get("baseline")
+    if before is not None:
+        revision = before["revision"]
+        lines += [
+            "",
+            f"| the same batch, default pool | this checkout | {revision} (the revision compared with) |",
+            "|---|---|---|",
+            "| seed p50 / p99, ms | " + " | ".join(
+                "{p50_ms:,.0f} / {p99_ms:,.0f}".format(**v["think_time"]["seed"]) for v in (once, before)
+            ) + " |",
+            "| seed p99 of each round, ms | " + " | ".join(
+                ", ".join(f"{p:,.0f}" for p in v["seed_p99_ms_of_each_round"]) for v in (once, before)
+            ) + " |",
+            f"| seed p99, this checkout / {revision} | {out['p99_vs_baseline']} | |",
+        ]  # fmt: skip
     return "\n".join(lines)
 
 

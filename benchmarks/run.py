@@ -453,22 +453,29 @@ def scale(root: Path, quick: bool) -> dict[str, Any]:
     return out
 
 
-def cold_start(root: Path, quick: bool) -> dict[str, Any]:
+def cold_start(root: Path, quick: bool, baseline: str | None = None) -> dict[str, Any]:
     """A cold training batch on the default pool (process mode, 4 instances up), with instances forked from one
     environment the template constructed (``source.construct_once``, the default) against each instance constructing
-    its own (``false``, as before): 256 think-time episodes at once, in interleaved rounds on fresh servers, the
-    round with the median seed p99 of each; and 40 starts one after another by the pool's launcher, with the CPU of
-    each process a start."""
+    its own (``false``, as before), and, given a ``baseline`` revision, against that revision's default: 256
+    think-time episodes at once, in interleaved rounds on fresh servers, the round with the median seed p99 of each;
+    and 40 starts one after another by this checkout's launcher, with the CPU of each process a start."""
     episodes, rounds = (64, 1) if quick else (256, 3)
     folder = write_gridsim(root / "cold", instances=None, mode="process")
     rows = str(folder / "data" / "eval.jsonl")
-    variants = {"construct_each": ["source.construct_once=false"], "construct_once": []}
+    variants: dict[str, tuple[list[str], dict[str, str]]] = {
+        "construct_each": (["source.construct_once=false"], {}),
+        "construct_once": ([], {}),
+    }
+    if baseline is not None:
+        from request_path import baseline_environment
+
+        variants["baseline"] = ([], baseline_environment(baseline))
     played: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     for number in range(rounds):
-        for name, settings in in_turn(variants, number):
+        for name, (settings, environment) in in_turn(variants, number):
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            with server(gymhost_serve(folder, port, *settings), url) as process:
+            with server(gymhost_serve(folder, port, *settings), url, env=environment) as process:
                 think = loadgen("think", url, rows, "--pid", str(process.pid), "--episodes", str(episodes),
                                 "--think", "0.5", "--calls", "4")  # fmt: skip
             played[name].append(think)
@@ -479,9 +486,14 @@ def cold_start(root: Path, quick: bool) -> dict[str, Any]:
         by_p99 = sorted(played[name], key=lambda think: think["seed"].get("p99_ms") or 0.0)
         out[name] = {"think_time": by_p99[len(by_p99) // 2], "seed_p99_ms_of_each_round": [
             think["seed"].get("p99_ms") for think in played[name]]}  # fmt: skip
-        out[name]["starts"] = instance_starts(folder, 40, construct_once=name == "construct_once")
+        if name != "baseline":  # measured with this checkout's launcher, in this process
+            out[name]["starts"] = instance_starts(folder, 40, construct_once=name == "construct_once")
     once, each = (out[name]["think_time"]["seed"].get("p99_ms") for name in ("construct_once", "construct_each"))
     out["p99_once_vs_each"] = round(once / each, 2) if once and each else None
+    if baseline is not None:
+        out["baseline"]["revision"] = baseline
+        before = out["baseline"]["think_time"]["seed"].get("p99_ms")
+        out["p99_vs_baseline"] = round(once / before, 2) if once and before else None
     return out
 
 
@@ -989,14 +1001,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="short measurements, for checking the harness")
     parser.add_argument("--only", choices=["load", "scale", "workers", "cold_start"],
                         help="one section alone: results/<date>-<section>.json")  # fmt: skip
+    parser.add_argument("--baseline", help="with --only cold_start: a git revision's default pool beside this one's")
     args = parser.parse_args()
+    if args.baseline and args.only != "cold_start":
+        parser.error("--baseline goes with --only cold_start")
     if args.only:
         alone: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                                  "machine": machine(), "quick": args.quick}  # fmt: skip
         section = {"load": load, "scale": scale, "workers": workers, "cold_start": cold_start}[args.only]
         with tempfile.TemporaryDirectory(prefix="gymhost-bench-") as scratch:
             print(f"{args.only}:")
-            alone[args.only] = section(Path(scratch), args.quick)
+            if args.baseline:
+                alone[args.only] = cold_start(Path(scratch), args.quick, args.baseline)
+            else:
+                alone[args.only] = section(Path(scratch), args.quick)
         write_results(alone, alone["date"][:10] + f"-{args.only}" + ("-quick" if args.quick else ""))
         return
     import hypercorn_loops
