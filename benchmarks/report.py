@@ -497,6 +497,9 @@ def cold_start_tables(out: dict[str, Any], source: str) -> str:
             "| seed p99 of each round, ms | " + " | ".join(
                 ", ".join(f"{p:,.0f}" for p in v["seed_p99_ms_of_each_round"]) for v in (once, before)
             ) + " |",
+            f"| pool peak, instances; errors | {once['think_time']['peak_instances']};"
+            f" {once['think_time']['errors']} | {before['think_time']['peak_instances']};"
+            f" {before['think_time']['errors']} |",
             f"| seed p99, this checkout / {revision} | {out['p99_vs_baseline']} | |",
         ]  # fmt: skip
     return "\n".join(lines)

@@ -9,6 +9,7 @@ instance processes, reached over their channels as a process-mode server reaches
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -204,6 +205,8 @@ async def test_an_import_that_starts_a_thread_is_imported_once_an_instance(tmp_p
         for index in range(3):
             instances.append(await launcher.launch(index, PoolSettings()))
             await until_described(instances[-1])
+            assert launcher._template is not None
+            await launcher._template.process.wait()  # it said it cannot fork, and exited
         for instance in instances:
             first, deadline = await ticks(instance), time.monotonic() + 30
             while await ticks(instance) == first:
@@ -237,24 +240,26 @@ def test_a_template_stuck_in_a_constructor_dies_with_the_server(tmp_path: Path) 
     bundle.mkdir()
     (bundle / "env.py").write_text(NOTES_ENV.replace("CONSTRUCTOR_EXTRA", "time.sleep(3600)"))
     server = subprocess.Popen([sys.executable, "-c", HANGING_SERVER, str(bundle)])
+    templates: list[int] = []
+    constructing: list[int] = []
     try:
         deadline = time.monotonic() + 60
-        templates: list[int] = []
-        constructing: list[int] = []
         while not constructing:  # the template, and under it the throwaway child running the constructor
             assert server.poll() is None, "the server exited"
             assert time.monotonic() < deadline, "the template never started constructing"
             templates = children(server.pid)
             constructing = [child for template in templates for child in children(template)]
             time.sleep(0.05)
-        stuck = [*templates, *constructing]
+        server.kill()
+        server.wait()
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in [*templates, *constructing]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in [*templates, *constructing] if alive(pid)]
+        assert not left, f"{left} outlived the server that started them"
     finally:
         server.kill()
         server.wait()
-    deadline = time.monotonic() + 10
-    while any(alive(pid) for pid in stuck) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    left = [pid for pid in stuck if alive(pid)]
-    for pid in left:  # not to leave them behind when the test fails
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"{left} outlived the server that started them"
+        for pid in [*templates, *constructing]:  # nothing left behind when the test fails
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -171,7 +171,7 @@ class DirectToolSession:
         task = start_eagerly(_handle(handler, request, context))
         if task is None:
             raise McpSessionError(f"{method}: the tool stopped its process")
-        if task.done():
+        if task.done():  # a tool that never waited could not be interrupted, past its limit or not
             response = task.result()
         else:
             try:

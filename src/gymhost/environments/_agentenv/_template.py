@@ -74,7 +74,7 @@ def _template(bundle: Path, *, construct_once: bool) -> None:
     _preload()
     if threading.active_count() != 1 or not hasattr(os, "fork"):
         _say(replies, f"{TEMPLATE_READY} nofork")
-        return  # the launcher starts each instance with --serve instead
+        os._exit(0)  # the launcher starts each instance with --serve instead; the import's threads go with this
     environment = constructed_once(environment_class) if construct_once else environment_class
     _say(replies, f"{TEMPLATE_READY} fork")
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the instances; the server watches them by pidfd
