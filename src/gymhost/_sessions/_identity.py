@@ -29,9 +29,11 @@ Target = tuple[str, str]  # ("worker", a sibling worker's Unix socket path) or (
 _PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(signum: int) -> None:
-    """Have the kernel send this process ``signum`` when the process that started it dies (Linux)."""
+def die_with_parent(signum: int, parent: int) -> bool:
+    """Have the kernel send this process ``signum`` when ``parent``, the process that started it, dies (Linux); False
+    when it died already, before that took effect (this process has another parent by then)."""
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum)
+    return os.getppid() == parent
 
 
 class ProcessState:
@@ -47,8 +49,7 @@ class ProcessState:
         """Die with ``parent``, the process that started this one: SIGTERM when it dies (``PR_SET_PDEATHSIG``), and
         exit now if it is already gone."""
         self.parent = parent
-        die_with_parent(signal.SIGTERM)
-        if os.getppid() != parent:  # it died before the line above took effect
+        if not die_with_parent(signal.SIGTERM, parent):
             os._exit(1)
 
     @property

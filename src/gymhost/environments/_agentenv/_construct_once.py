@@ -91,8 +91,7 @@ def _probe(environment_class: type[Any]) -> str | None:
         os.close(reading)
         problem = "did not finish"
         try:
-            die_with_parent(signal.SIGKILL)
-            if os.getppid() != template:  # the template died before the line above took effect
+            if not die_with_parent(signal.SIGKILL, template):
                 os._exit(1)
             problem = _construction_problem(environment_class) or ""
         finally:

@@ -103,9 +103,8 @@ def _die_with_server() -> None:
     """Killed by the kernel when the server that started this template dies, whatever the template is doing then:
     the end of its commands tells it only once it reads them, after the environment's import and construction,
     either of which may never finish. Then its instances go too (each dies with the template)."""
-    server = os.environ.pop(SERVER_PID, None)
-    die_with_parent(signal.SIGKILL)
-    if server is not None and os.getppid() != int(server):  # it died before the line above took effect
+    server = int(os.environ.pop(SERVER_PID, os.getppid()))
+    if not die_with_parent(signal.SIGKILL, server):
         print(f"gymhost: instance template: the server {server} is gone; exiting", file=sys.stderr, flush=True)
         os._exit(1)
 
@@ -113,8 +112,7 @@ def _die_with_server() -> None:
 def _forked(environment: type[Any] | Constructed, listening: socket.socket, template: int) -> None:
     """In the forked child: die with the template, leave its pipes alone, serve until stopped."""
     try:
-        die_with_parent(signal.SIGKILL)
-        if os.getppid() != template:  # the template died before the line above took effect
+        if not die_with_parent(signal.SIGKILL, template):
             os._exit(1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
