@@ -18,7 +18,7 @@ import pytest
 from gymhost import EpisodeClient, create_app
 from gymhost.environments import Task, awrite_folder, load_tasks, write_folder
 
-from .agentenv_helpers import GRIDSIM, environment_process, pool_status, rows, served
+from .agentenv_helpers import GRIDSIM, environment_process, make_bundle, pool_status, rows, served
 from .processes import alive, assert_stopped_cleanly, gymhost_command, run_to_completion, serving
 from .verdicts import verdict
 
@@ -379,6 +379,28 @@ async def test_startup_refuses_another_environment(folder: Path) -> None:
     with pytest.raises(StartupError, match=r"the environment is 'gridsim', but this server was written for 'mailbox'"):
         async with app.router.lifespan_context(app):
             pass
+
+
+async def test_a_second_lifespan_serves_the_tools_the_environment_has_then(tmp_path: Path) -> None:
+    """The same app started twice, its env.py edited in between (a tool renamed): the second run routes the new
+    tool, answers the old one as unknown, and names the tools it has now."""
+    folder = (await awrite_folder(str(make_bundle(tmp_path)), tmp_path / "root")).path
+    app = create_app(folder)
+    row = rows(folder)[0]
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app), EpisodeClient(BASE, transport=transport) as episode:
+        await episode.seed(row)
+        assert json.loads((await episode.call_tool("stall", {"seconds": 0})).text) == {"count": 1}
+    env = folder / "bundle" / "env.py"
+    env.write_text(env.read_text().replace('@tool(name="stall")', '@tool(name="pause")'))
+    async with app.router.lifespan_context(app), EpisodeClient(BASE, transport=transport) as episode:
+        await episode.seed(row)
+        assert json.loads((await episode.call_tool("pause", {"seconds": 0})).text) == {"count": 1}
+        old = await episode.call_tool("stall", {"seconds": 0})
+        detail = "no tool 'stall' here; the tools are: increment, pause"
+        assert (old.status_code, json.loads(old.text)) == (404, {"detail": detail})
+    paths = [getattr(route, "path", None) for route in app.router.routes]
+    assert (paths.count("/pause"), paths.count("/{name}"), "/stall" in paths) == (1, 1, False)
 
 
 def test_no_instance_outlives_the_server(process_folder: Path) -> None:

@@ -122,6 +122,22 @@ async def test_instances_forked_from_one_constructed_environment_share_no_state(
     assert len({one["serving_in"], two["serving_in"], template}) == 3
 
 
+async def test_a_template_that_died_is_started_again_for_the_next_instance(tmp_path: Path) -> None:
+    async with launched(tmp_path, 1) as (launcher, (first,)):
+        before = template_pid(launcher)
+        os.kill(before, signal.SIGKILL)
+        await launcher.exited(first)  # it dies with its template
+        second = await launcher.launch(1, PoolSettings())
+        try:
+            await until_described(second)
+            answer = await note(second, "a")
+            after = template_pid(launcher)
+        finally:
+            await launcher.stop(second)
+    assert answer["notes"] == ["a"]
+    assert answer["constructed_in"] == after != before, "not forked from a new template"
+
+
 async def test_a_constructor_that_only_reads_files_is_constructed_once(tmp_path: Path) -> None:
     extra = "self.source = open(__file__).read()"  # read, and closed: nothing outside the process changes
     async with launched(tmp_path, 2, extra=extra) as (launcher, (first, second)):

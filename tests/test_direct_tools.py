@@ -20,6 +20,7 @@ import pytest
 import uvloop
 from mcp.server.lowlevel.server import request_ctx
 
+from gymhost import GymhostError
 from gymhost.environments._agentenv._channel import ChannelToolSession
 from gymhost.environments._agentenv._client import EnvClient, McpSession
 from gymhost.environments._agentenv._direct import DirectToolSession
@@ -118,6 +119,11 @@ class ProbeEnv(AgentEnvEnvironment):
         """Takes a while."""
         await asyncio.sleep(seconds)
         return "woke"
+
+    @tool(name="leave")
+    async def leave(self) -> str:
+        """Stops its process, as a tool calling sys.exit() does."""
+        raise SystemExit(3)
 
     @tool(name="blocking")
     def blocking(self, seconds: float) -> str:
@@ -291,6 +297,16 @@ def test_a_call_that_stops_its_process_ends_the_event_loop(loop_factory: Any) ->
 
     with asyncio.Runner(loop_factory=loop_factory) as runner, pytest.raises(SystemExit):
         runner.run(caller())
+
+
+async def test_a_tool_that_stops_its_instance_process_fails_the_call_and_ends_the_process(tmp_path: Path) -> None:
+    """Through a whole call in an instance process: the call fails at once, saying why, instead of at its time
+    limit, and the process ends instead of serving on without its event loop's exit."""
+    async with probe_process(tmp_path) as instance:
+        session = await over_channel(instance, None).open()
+        with pytest.raises(GymhostError, match=r"the tool stopped its process"):
+            await asyncio.wait_for(session.call_tool("leave", {}), 10)  # its own limit is 30 s
+        await asyncio.wait_for(instance.process.wait(), 10)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -23,7 +23,7 @@ from nemo_gym import base_resources_server as gym
 from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationError, field_validator
 from starlette.middleware import Middleware
-from starlette.routing import request_response
+from starlette.routing import BaseRoute, request_response
 
 from .._exceptions import FolderError
 from .._hosting._lifespan import wrap_lifespan
@@ -127,6 +127,7 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
     _episodes: Episodes | None = PrivateAttr(default=None)
     _metrics: Any = PrivateAttr(default=None)
     _tasks: dict[str, list[Task]] = PrivateAttr(default_factory=dict)
+    _tool_routes: list[BaseRoute] = PrivateAttr(default_factory=list)  # what ``_register_tools`` added last
 
     def setup_webserver(self) -> FastAPI:
         # Files first, so a folder with a broken task or a missing bundle fails before anything starts.
@@ -258,13 +259,16 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         return self._episodes
 
     def _register_tools(self, app: FastAPI, episodes: Episodes) -> None:
-        existing = {getattr(route, "path", None) for route in app.router.routes}
+        """A route for each of the environment's tools, then ``/{name}`` for a tool it does not have. A second
+        lifespan cycle of the same app replaces the first cycle's routes: the environment it starts may have other
+        tools (its ``env.py`` edited meanwhile), and a tool left from before would answer, or a new one be taken by
+        the first cycle's ``/{name}``, which names the old tools."""
+        added = {id(route) for route in self._tool_routes}
+        app.router.routes[:] = [route for route in app.router.routes if id(route) not in added]
+        kept = {id(route) for route in app.router.routes}
         for tool in episodes.tools:
-            path = f"/{tool['name']}"
-            if path in existing:  # a second lifespan cycle of the same app
-                continue
             app.router.add_api_route(
-                path,
+                f"/{tool['name']}",
                 self._tool_endpoint(tool["name"]),
                 route_class_override=_ToolRoute,
                 methods=["POST"],
@@ -278,17 +282,17 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
                     }
                 },
             )
-        if "/{name}" not in existing:
-            # Last, so it answers only a POST no other route took: a tool this server does not have.
-            names = ", ".join(tool["name"] for tool in episodes.tools)
+        # Last, so it answers only a POST no other route took: a tool this server does not have.
+        names = ", ".join(tool["name"] for tool in episodes.tools)
 
-            async def unknown_tool(request: Request) -> Response:
-                name = request.path_params["name"]
-                return _error(404, f"no tool {name!r} here; the tools are: {names}")
+        async def unknown_tool(request: Request) -> Response:
+            name = request.path_params["name"]
+            return _error(404, f"no tool {name!r} here; the tools are: {names}")
 
-            app.router.add_api_route(
-                "/{name}", unknown_tool, route_class_override=_ToolRoute, methods=["POST"], include_in_schema=False
-            )
+        app.router.add_api_route(
+            "/{name}", unknown_tool, route_class_override=_ToolRoute, methods=["POST"], include_in_schema=False
+        )
+        self._tool_routes = [route for route in app.router.routes if id(route) not in kept]
         hot_routes_first(app.router)
 
     def _tool_endpoint(self, name: str) -> Callable[[Request], Any]:
