@@ -244,6 +244,22 @@ async def test_asgi_module_serves_a_root(root: Path) -> None:
             assert await play_gridsim(client, "/gridsim_a", rows(root / "resources_servers" / "gridsim_a")[0]) == 1.0
 
 
+async def test_asgi_module_serves_several_folders_as_gymhost_serve_does(root: Path) -> None:
+    """GYMHOST_FOLDER read alike by both: folders separated by spaces, each served at /<name>."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    servers = root / "resources_servers"
+    command = [sys.executable, "-m", "uvicorn", "asgi:app", "--port", str(port)]
+    folders = f"{servers / 'gridsim_a'} {servers / 'gridsim_b'}"
+    with serving(command, cwd=REPO, env={"GYMHOST_FOLDER": folders}, url=url):
+        async with httpx.AsyncClient(base_url=url) as client:
+            assert [server["prefix"] for server in (await client.get("/")).json()["servers"]] == [
+                "/gridsim_a",
+                "/gridsim_b",
+            ]
+            assert await play_gridsim(client, "/gridsim_b", rows(servers / "gridsim_b")[0]) == 1.0
+
+
 async def test_an_mcp_token_of_one_server_is_no_token_at_another(gym_root: Path) -> None:
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client

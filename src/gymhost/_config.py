@@ -48,7 +48,7 @@ __all__ = [
     "ServerName",
     "configured_agent_env_python",
     "configured_drain_timeout",
-    "configured_folder",
+    "configured_folders",
     "configured_replica_id",
     "configured_secret",
     "resolve_masked_verdicts",
@@ -102,9 +102,10 @@ def configured_drain_timeout() -> int:
     return seconds
 
 
-def configured_folder() -> str:
-    """``GYMHOST_FOLDER``: what ``asgi:app`` serves ("" when unset)."""
-    return os.environ.get(FOLDER_ENV_VAR, "").strip()
+def configured_folders() -> tuple[str, ...]:
+    """``GYMHOST_FOLDER``: what ``asgi:app`` serves, and ``gymhost serve`` given nothing to serve (none when unset):
+    folders, Gym roots or installed servers' names, separated by spaces, as click splits it for ``gymhost serve``."""
+    return tuple(os.environ.get(FOLDER_ENV_VAR, "").split())
 
 
 def take_parent_pid() -> int | None:

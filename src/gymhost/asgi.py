@@ -1,7 +1,8 @@
 """A module-level ``app`` for ASGI servers that import apps by name.
 
 ``GYMHOST_FOLDER=path/to/folder uvicorn gymhost.asgi:app`` (or ``hypercorn gymhost.asgi:app``); the folder may also
-be a Gym root or the name of an installed Gym server, as for ``gymhost serve``. The repository's
+be a Gym root or the name of an installed Gym server, or several of these separated by spaces, as for ``gymhost
+serve`` with no argument. The repository's
 top-level ``asgi.py`` re-exports this, for ``uvicorn asgi:app`` from a checkout. The app is built by the same
 code as ``gymhost serve``'s (``Server.load``): a folder's requirements checked, the open-files limit raised, this
 replica's identity set, GYMHOST_TOKEN honoured; a Gym root (a folder holding ``resources_servers/<name>/``) gives a
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import logging
 
-from ._config import FOLDER_ENV_VAR, SECRET_ENV_VAR, ServeConfig, configured_folder, configured_secret
+from ._config import FOLDER_ENV_VAR, SECRET_ENV_VAR, ServeConfig, configured_folders, configured_secret
 from ._exceptions import GymhostError
 from ._serving._foreign_workers import refuse_foreign_workers
 from ._serving._run import freeze_imported_heap
@@ -29,16 +30,16 @@ ENV_VAR = FOLDER_ENV_VAR
 
 def _app_from_environment() -> object:
     refuse_foreign_workers()  # `uvicorn asgi:app --workers N` would lose episodes: `gymhost serve --workers N`
-    folder = configured_folder()
-    if not folder:
+    folders = configured_folders()
+    if not folders:
         raise SystemExit(
             f"gymhost: {ENV_VAR} is not set; set it to a resources-server folder, "
             f"e.g. {ENV_VAR}=path/to/resources_servers/my_server uvicorn asgi:app"
         )
     try:  # a folder, a Gym root, or an installed Gym server's name; built as gymhost serve builds it
-        return Server(ServeConfig(paths=(folder,))).load()
+        return Server(ServeConfig(paths=folders)).load()
     except GymhostError as error:
-        raise SystemExit(f"gymhost: {ENV_VAR}={folder}: {error}") from None
+        raise SystemExit(f"gymhost: {ENV_VAR}={' '.join(folders)}: {error}") from None
 
 
 app = _app_from_environment()
