@@ -403,6 +403,21 @@ async def test_a_second_lifespan_serves_the_tools_the_environment_has_then(tmp_p
     assert (paths.count("/pause"), paths.count("/{name}"), "/stall" in paths) == (1, 1, False)
 
 
+async def test_a_tool_whose_path_a_post_route_of_the_app_takes_is_refused_at_start(tmp_path: Path) -> None:
+    from gymhost.environments import CatalogError
+
+    folder = (await awrite_folder(str(make_bundle(tmp_path)), tmp_path / "root")).path
+    app = create_app(folder)
+
+    @app.post("/stall")
+    async def own_stall() -> dict[str, str]:
+        return {"answered": "by the app's own route"}
+
+    with pytest.raises(CatalogError, match=r"tool 'stall' clashes with the app's own POST /stall route"):
+        async with app.router.lifespan_context(app):
+            pass
+
+
 def test_no_instance_outlives_the_server(process_folder: Path) -> None:
     """SIGTERM stops every instance; so does SIGKILL, through the instances' death pipe."""
     for stop in (signal.SIGTERM, signal.SIGKILL):

@@ -86,6 +86,19 @@ def test_serve_takes_its_folders_from_gymhost_folder_when_given_none(tmp_path: P
     assert "Missing argument 'FOLDER_OR_NAME...'" in nothing.output
 
 
+def test_a_path_with_a_space_in_gymhost_folder_fails_saying_it_was_split(tmp_path: Path) -> None:
+    spaced = tmp_path / "My Projects" / "server"
+    result = CliRunner().invoke(main, ["serve"], env={"GYMHOST_FOLDER": str(spaced)})
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"Error: {tmp_path / 'My'}"), result.output
+    assert result.output.strip().endswith(
+        "(GYMHOST_FOLDER is split on spaces: a path with a space in it cannot be given there)"
+    )
+    given = CliRunner().invoke(main, ["serve", str(tmp_path / "a"), str(tmp_path / "b")], env={"GYMHOST_FOLDER": ""})
+    assert given.exit_code == 1, given.output
+    assert "split on spaces" not in given.output  # paths given as arguments were not split by gymhost
+
+
 def test_server_url_must_be_name_equals_url() -> None:
     result = CliRunner().invoke(main, ["serve", ".", "--server-url", "judge"])
     assert result.exit_code == 2

@@ -104,6 +104,17 @@ def test_asgi_module_with_a_wrong_folder_exits_with_one_line(tmp_path: Path) -> 
     )
 
 
+def test_asgi_module_with_a_path_with_a_space_says_gymhost_folder_is_split(tmp_path: Path) -> None:
+    spaced = tmp_path / "My Projects" / "server"
+    code = f"import os; os.environ['GYMHOST_FOLDER'] = {str(spaced)!r}; import asgi"
+    result = run_to_completion([sys.executable, "-c", code], cwd=REPO)
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith(f"gymhost: GYMHOST_FOLDER={tmp_path / 'My'} Projects/server: ")
+    assert result.stderr.strip().endswith(
+        "(GYMHOST_FOLDER is split on spaces: a path with a space in it cannot be given there)"
+    )
+
+
 def test_a_busy_port_is_one_clear_line(gym_root: Path) -> None:
     folder = gym_root / "example_single_tool_call"
     with serving(gymhost_command("serve", str(folder), "--port", "0")) as first:

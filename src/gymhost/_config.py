@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JSON_DEPTH",
     "DRAIN_TIMEOUT_ENV_VAR",
+    "FOLDERS_SPLIT_NOTE",
     "FOLDER_ENV_VAR",
     "MASKED_VERDICTS",
     "MASKED_VERDICTS_ENV_VAR",
@@ -66,6 +67,8 @@ TOKEN_ENV_VAR: Final = "GYMHOST_TOKEN"
 REPLICA_ENV_VAR: Final = "GYMHOST_REPLICA_ID"
 SECRET_ENV_VAR: Final = "GYMHOST_SECRET"
 FOLDER_ENV_VAR: Final = "GYMHOST_FOLDER"
+# Added to a failure to serve what GYMHOST_FOLDER named, when it named several: perhaps one path with spaces.
+FOLDERS_SPLIT_NOTE: Final = f"{FOLDER_ENV_VAR} is split on spaces: a path with a space in it cannot be given there"
 PARENT_PID_ENV_VAR: Final = "GYMHOST_PARENT_PID"  # a gymhost process another one started dies with it
 MASKED_VERDICTS_ENV_VAR: Final = "GYMHOST_MASKED_VERDICTS"
 DRAIN_TIMEOUT_ENV_VAR: Final = "GYMHOST_DRAIN_TIMEOUT"

@@ -17,8 +17,15 @@ from __future__ import annotations
 
 import logging
 
-from ._config import FOLDER_ENV_VAR, SECRET_ENV_VAR, ServeConfig, configured_folders, configured_secret
-from ._exceptions import GymhostError
+from ._config import (
+    FOLDER_ENV_VAR,
+    FOLDERS_SPLIT_NOTE,
+    SECRET_ENV_VAR,
+    ServeConfig,
+    configured_folders,
+    configured_secret,
+)
+from ._exceptions import FolderError, GymhostError
 from ._serving._foreign_workers import refuse_foreign_workers
 from ._serving._run import freeze_imported_heap
 from ._serving._server import Server
@@ -39,7 +46,8 @@ def _app_from_environment() -> object:
     try:  # a folder, a Gym root, or an installed Gym server's name; built as gymhost serve builds it
         return Server(ServeConfig(paths=folders)).load()
     except GymhostError as error:
-        raise SystemExit(f"gymhost: {ENV_VAR}={' '.join(folders)}: {error}") from None
+        note = f" ({FOLDERS_SPLIT_NOTE})" if isinstance(error, FolderError) and len(folders) > 1 else ""
+        raise SystemExit(f"gymhost: {ENV_VAR}={' '.join(folders)}: {error}{note}") from None
 
 
 app = _app_from_environment()

@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from .._config import (
     DEFAULT_DRAIN_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     DRAIN_TIMEOUT_ENV_VAR,
     FOLDER_ENV_VAR,
+    FOLDERS_SPLIT_NOTE,
     MASKED_VERDICTS,
     MASKED_VERDICTS_ENV_VAR,
     NO_TOKEN,
@@ -20,6 +22,7 @@ from .._config import (
     AppSettings,
     ServeConfig,
 )
+from .._exceptions import FolderError
 from .._serving._server import Server
 from ._common import key_values, one_line_errors, overrides
 
@@ -191,9 +194,15 @@ def serve(paths: tuple[str, ...], only: str | None, **options: Any) -> None:
 
     With no argument, the folders or names in GYMHOST_FOLDER (separated by spaces), as the container image runs.
     """
+    source = click.get_current_context().get_parameter_source("paths")
     with one_line_errors():
         config = _config(paths, only, **options)
-        Server(config, say=_say).run()
+        try:
+            Server(config, say=_say).run()
+        except FolderError as error:
+            if source is not ParameterSource.ENVIRONMENT or len(paths) < 2:
+                raise
+            raise FolderError(f"{error} ({FOLDERS_SPLIT_NOTE})") from None
 
 
 def _config(

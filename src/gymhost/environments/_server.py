@@ -23,7 +23,7 @@ from nemo_gym import base_resources_server as gym
 from nemo_gym.server_utils import SESSION_ID_KEY
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, ValidationError, field_validator
 from starlette.middleware import Middleware
-from starlette.routing import BaseRoute, request_response
+from starlette.routing import BaseRoute, Route, request_response
 
 from .._exceptions import FolderError
 from .._hosting._lifespan import wrap_lifespan
@@ -31,7 +31,7 @@ from .._hosting._routes import hot_routes_first
 from ..middleware.masked_verdicts import VERDICT_FIELDS, MaskedVerdictsMiddleware, launcher_mode
 from ._backend import ServerFolder
 from ._episodes import Episodes
-from ._errors import EpisodeStateError, SessionConflictError, UnknownTaskError
+from ._errors import CatalogError, EpisodeStateError, SessionConflictError, UnknownTaskError
 from ._outcomes import Verdict
 from ._pool import Pool
 from ._registry import backend_of
@@ -156,8 +156,8 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             )
             await episodes.start()
             self._episodes = episodes
-            self._register_tools(app_, episodes)
             try:
+                self._register_tools(app_, episodes)
                 yield
             finally:
                 self._episodes = None
@@ -262,38 +262,51 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         """A route for each of the environment's tools, then ``/{name}`` for a tool it does not have. A second
         lifespan cycle of the same app replaces the first cycle's routes: the environment it starts may have other
         tools (its ``env.py`` edited meanwhile), and a tool left from before would answer, or a new one be taken by
-        the first cycle's ``/{name}``, which names the old tools."""
-        added = {id(route) for route in self._tool_routes}
-        app.router.routes[:] = [route for route in app.router.routes if id(route) not in added]
-        kept = {id(route) for route in app.router.routes}
+        the first cycle's ``/{name}``, which names the old tools. A tool whose path a POST route of the app's own
+        already takes is refused: that route would answer its calls."""
+        ours = {id(route) for route in self._tool_routes}
+        app.router.routes[:] = [route for route in app.router.routes if id(route) not in ours]
+        taken = {
+            route.path for route in app.router.routes if isinstance(route, Route) and "POST" in (route.methods or ())
+        }
         for tool in episodes.tools:
+            if f"/{tool['name']}" in taken:
+                raise CatalogError(
+                    f"tool {tool['name']!r} clashes with the app's own POST /{tool['name']} route "
+                    f"({type(self).__name__}); rename the tool or the route"
+                )
+        kept = {id(route) for route in app.router.routes}
+        try:
+            for tool in episodes.tools:
+                app.router.add_api_route(
+                    f"/{tool['name']}",
+                    self._tool_endpoint(tool["name"]),
+                    route_class_override=_ToolRoute,
+                    methods=["POST"],
+                    summary=tool["name"],
+                    description=tool.get("description") or "",
+                    response_class=PlainTextResponse,
+                    openapi_extra={
+                        "requestBody": {
+                            "required": False,
+                            "content": {"application/json": {"schema": tool.get("inputSchema") or {}}},
+                        }
+                    },
+                )
+            # Last, so it answers only a POST no other route took: a tool this server does not have.
+            names = ", ".join(tool["name"] for tool in episodes.tools)
+
+            async def unknown_tool(request: Request) -> Response:
+                name = request.path_params["name"]
+                return _error(404, f"no tool {name!r} here; the tools are: {names}")
+
             app.router.add_api_route(
-                f"/{tool['name']}",
-                self._tool_endpoint(tool["name"]),
-                route_class_override=_ToolRoute,
-                methods=["POST"],
-                summary=tool["name"],
-                description=tool.get("description") or "",
-                response_class=PlainTextResponse,
-                openapi_extra={
-                    "requestBody": {
-                        "required": False,
-                        "content": {"application/json": {"schema": tool.get("inputSchema") or {}}},
-                    }
-                },
+                "/{name}", unknown_tool, route_class_override=_ToolRoute, methods=["POST"], include_in_schema=False
             )
-        # Last, so it answers only a POST no other route took: a tool this server does not have.
-        names = ", ".join(tool["name"] for tool in episodes.tools)
-
-        async def unknown_tool(request: Request) -> Response:
-            name = request.path_params["name"]
-            return _error(404, f"no tool {name!r} here; the tools are: {names}")
-
-        app.router.add_api_route(
-            "/{name}", unknown_tool, route_class_override=_ToolRoute, methods=["POST"], include_in_schema=False
-        )
-        self._tool_routes = [route for route in app.router.routes if id(route) not in kept]
+        finally:  # whatever was added, so that the next cycle takes it out
+            self._tool_routes = [route for route in app.router.routes if id(route) not in kept]
         hot_routes_first(app.router)
+        app.openapi_schema = None  # the document lists this cycle's tools, whatever FastAPI's own cache key
 
     def _tool_endpoint(self, name: str) -> Callable[[Request], Any]:
         async def call_tool(request: Request) -> Response:
