@@ -5,10 +5,10 @@ gridsim written with default options in each mode, one `gymhost serve` each, all
 the same two on that revision: a git worktree imported ahead of this checkout through PYTHONPATH, which the template
 and its instances inherit). Each round plays 64 concurrent episodes of 40 tool calls on each server in turn
 (`run.sixty_four`: the pool grown to 64 first, so no start is timed), after a round on each that is not counted,
-every other round in the reverse order (`run.in_turn`). Each server's point is its median round, with the CPU of
+the order rotated by one place a round (`run.in_turn`). Each server's point is its median round, with the CPU of
 the server's own process and of its instance processes a request, from `/proc`. The ratio process / in-process is
-taken round by round (the two ran back to back) and its median reported. Writes results/<date>-process-mode.json
-and the README's block.
+taken round by round (the two ran in the same round, minutes apart at most) and its median reported. Writes
+results/<date>-process-mode.json and the README's block.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ this checkout through PYTHONPATH, in the same venv), of this checkout, and of th
 `--masked-verdicts answer` (which leaves out the masked-verdicts layer, so the pair gives that layer's cost); and the
 two floors under them: Gym's app with no middleware at all (`gym_app_bare.py`: what Gym's own app costs) and a plain
 FastAPI route with the same models (`fastapi_app.py`: FastAPI's floor). wrk (one thread, keep-alive) at 1, 64 and 256
-connections, 4 s a point, rounds interleaved so a machine that slows down slows all of them alike, every other one
-in the reverse order (`run.in_turn`); each point is its median round. CPU per request is the server process's own
+connections, 4 s a point, rounds interleaved so a machine that slows down slows all of them alike, the order rotated
+by one place a round (`run.in_turn`); each point is its median round. CPU per request is the server process's own
 (`/proc`), over the same runs. Writes results/<date>-request-path.json and prints the table for README.md.
 """
 

@@ -5,7 +5,7 @@ gridsim written in-process (two instances), one seeded episode's `POST /gridsim_
 (a) `written_bare_app.py`, the same call on an in-process gridsim instance from a bare Starlette endpoint (the
 practical limit), (b) `gymhost serve` of this checkout and, given a BASELINE, (c) `gymhost serve` of that revision
 (a git worktree imported ahead of this checkout through PYTHONPATH, in the same venv). All up at once, wrk (one
-thread, keep-alive) at 1, 64 and 256 connections, rounds interleaved, every other one in the reverse order
+thread, keep-alive) at 1, 64 and 256 connections, rounds interleaved, the order rotated by one place a round
 (`run.in_turn`); each point is its median round, with the server process's CPU a request from `/proc`. Writes
 results/<date>-written.json and the README's written block.
 """
