@@ -1014,10 +1014,8 @@ def main() -> None:
         section = {"load": load, "scale": scale, "workers": workers, "cold_start": cold_start}[args.only]
         with tempfile.TemporaryDirectory(prefix="gymhost-bench-") as scratch:
             print(f"{args.only}:")
-            if args.baseline:
-                alone[args.only] = cold_start(Path(scratch), args.quick, args.baseline)
-            else:
-                alone[args.only] = section(Path(scratch), args.quick)
+            baseline = {"baseline": args.baseline} if args.baseline else {}  # cold_start's alone takes one
+            alone[args.only] = section(Path(scratch), args.quick, **baseline)
         write_results(alone, alone["date"][:10] + f"-{args.only}" + ("-quick" if args.quick else ""))
         return
     import hypercorn_loops
