@@ -33,7 +33,7 @@ GYM07 := 0.7.0
 # The machine's pip config lists file:// indexes that do not exist; their warnings are noise.
 PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
-.PHONY: test test-tiers venvs lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-layers bench-process-mode clean check-pythons check-py312 check-py313
+.PHONY: test test-tiers venvs lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-request-profile bench-layers bench-process-mode clean check-pythons check-py312 check-py313
 
 check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -220,11 +220,13 @@ demo: .venv-demo/.installed
 # Benchmarks use nemo-gym 0.7.0 (the current release) and wrk (Debian package) as the load generator.
 bench: .venv-gym07/.installed .venv-openenv/.installed
 	@command -v wrk >/dev/null || apt-get install -y -q wrk
+	@test -x .venv-gym07/bin/py-spy || .venv-gym07/bin/pip install -q py-spy
 	@command -v haproxy >/dev/null || apt-get install -y -q haproxy
 	cd benchmarks && ../.venv-gym07/bin/python run.py
 
 bench-quick: .venv-gym07/.installed .venv-openenv/.installed
 	@command -v wrk >/dev/null || apt-get install -y -q wrk
+	@test -x .venv-gym07/bin/py-spy || .venv-gym07/bin/pip install -q py-spy
 	@command -v haproxy >/dev/null || apt-get install -y -q haproxy
 	cd benchmarks && ../.venv-gym07/bin/python run.py --quick
 
@@ -258,6 +260,12 @@ bench-image: image .venv-gym07/.installed
 # Process mode beside in-process mode (benchmarks/process_mode.py); BASELINE=<revision> adds that revision's two.
 bench-process-mode: .venv-gym07/.installed
 	cd benchmarks && ../.venv-gym07/bin/python process_mode.py $(if $(BASELINE),--baseline $(BASELINE))
+
+# The same question under wrk, with py-spy sampling the servers from outside (benchmarks/request_profile.py).
+bench-request-profile: .venv-gym07/.installed
+	@command -v wrk >/dev/null || apt-get install -y -q wrk
+	@test -x .venv-gym07/bin/py-spy || .venv-gym07/bin/pip install -q py-spy
+	cd benchmarks && ../.venv-gym07/bin/python request_profile.py
 
 # Where a Gym server's tool call spends gymhost's microseconds, layer by layer, in-process (benchmarks/layers.py).
 bench-layers: .venv-gym07/.installed

@@ -14,6 +14,7 @@ COLD_START, COLD_END = "<!-- cold-start:start -->", "<!-- cold-start:end -->"
 WRITTEN_START, WRITTEN_END = "<!-- written:start -->", "<!-- written:end -->"  # and written_calls.py
 LAYERS_START, LAYERS_END = "<!-- layers:start -->", "<!-- layers:end -->"  # and layers.py
 PROCESS_START, PROCESS_END = "<!-- process-mode:start -->", "<!-- process-mode:end -->"  # and process_mode.py
+PROFILE_START, PROFILE_END = "<!-- request-profile:start -->", "<!-- request-profile:end -->"  # request_profile.py
 HYPERCORN_NAMES = {
     "gymhost_hypercorn": "`gymhost serve --server hypercorn` (asyncio's loop)",
     "hypercorn_asyncio": "`hypercorn gymhost.asgi:app -k asyncio`",
@@ -547,6 +548,37 @@ def layers_tables(out: dict[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
+def request_profile_tables(out: dict[str, Any], source: str) -> str:
+    """Each server's CPU a call under wrk, split by piece from py-spy's samples, and gymhost's pieces together
+    against a tenth of the FastAPI route's."""
+    servers = out["servers"]
+    gymhost, alone, floor = servers.values()
+    added = sum(gymhost["us_per_request"].get(piece, 0.0) for piece in out["gymhost_pieces"])
+    tenth = floor["cpu_us_per_request"] / 10
+    lines = [
+        f"`POST /get_weather` of one seeded episode on example_single_tool_call, wrk at {out['connections']}"
+        f" connections, {out['rounds']} rounds of {out['seconds']} s a server, py-spy sampling {out['rate']} times a"
+        f" second from outside; a piece's share of the samples times the server's CPU a call (the median round's,"
+        f" from `/proc`; raw numbers: [{source}]({source})). gymhost's pieces together <= a tenth of the FastAPI"
+        f" route's CPU a call: {'met' if added <= tenth else 'missed'} ({added:.0f} µs against {tenth:.0f} µs)."
+        f" In all, `gymhost serve` took {gymhost['cpu_us_per_request'] - alone['cpu_us_per_request']:.0f} µs a call"
+        f" more than Gym's app alone: its pieces, and what they make the others do (a cookie in and out, more awaits).",
+        "",
+        "| piece, µs a call | " + " | ".join(servers) + " |",
+        "|---|" + "---|" * len(servers),
+    ]
+    for piece in out["pieces"]:
+        label = f"`{piece}`" if piece in out["layers"] else piece
+        cells = " | ".join(f"{server['us_per_request'].get(piece, 0.0):.1f}" for server in servers.values())
+        lines.append(f"| {label} | {cells} |")
+    lines.append(f"| gymhost's pieces together | {added:.1f} |" + " |" * (len(servers) - 1))
+    lines.append(
+        "| the server's CPU a call | " + " | ".join(f"{s['cpu_us_per_request']:.0f}" for s in servers.values()) + " |"
+    )
+    lines.append("| samples | " + " | ".join(f"{s['samples']:,}" for s in servers.values()) + " |")
+    return "\n".join(lines)
+
+
 def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
     """The tables of a full run between the results markers, and its load section (when it has one) between the
     load markers; a run of the load section alone (no ``tool_calls``) rewrites only the latter."""
@@ -567,6 +599,8 @@ def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
         text = _replace(text, LAYERS_START, LAYERS_END, layers_tables(results["layers"], source))
     if "process_mode" in results:
         text = _replace(text, PROCESS_START, PROCESS_END, process_mode_tables(results["process_mode"], source))
+    if "request_profile" in results:
+        text = _replace(text, PROFILE_START, PROFILE_END, request_profile_tables(results["request_profile"], source))
     readme.write_text(text)
 
 

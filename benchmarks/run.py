@@ -1021,6 +1021,7 @@ def main() -> None:
     import hypercorn_loops
     import layers
     import process_mode
+    import request_profile
     import written_calls
 
     if shutil.which("wrk") is None:
@@ -1055,6 +1056,8 @@ def main() -> None:
     results["written"] = written_calls.measure(*((1, 1) if args.quick else (4, 3)))
     print("a Gym server's tool call, layer by layer (in-process):")
     results["layers"] = layers.measure(*((200, 2) if args.quick else (2000, 9)))
+    print("the request path under load, by piece (py-spy):")
+    results["request_profile"] = request_profile.measure(*((1, 2, 100) if args.quick else (3, 10, 250)))
     print("process mode beside in-process mode:")
     results["process_mode"] = process_mode.measure(1 if args.quick else 5)
     results["ratios"] = ratios(results)

@@ -54,6 +54,7 @@ SECTION_BLOCKS = {
     "written": (report.WRITTEN_START, report.WRITTEN_END, report.written_tables),
     "layers": (report.LAYERS_START, report.LAYERS_END, report.layers_tables),
     "process_mode": (report.PROCESS_START, report.PROCESS_END, report.process_mode_tables),
+    "request_profile": (report.PROFILE_START, report.PROFILE_END, report.request_profile_tables),
 }
 
 
