@@ -536,8 +536,9 @@ def layers_tables(out: dict[str, Any], source: str) -> str:
         f"One seeded episode's `POST /get_weather` on example_single_tool_call, driven in-process with ASGI messages"
         f" (no server); the fastest of {out['rounds']} rounds of {out['calls']:,} calls (raw numbers:"
         f" [{source}]({source})). gymhost's layers together <= a tenth of a plain FastAPI route's cost:"
-        f" {'met' if met else 'missed'} ({added:.0f} µs against {floor:.0f} µs). Gym's app with no middleware at"
-        f" all takes {none:.0f} µs a call, {none / floor:.2f}x the FastAPI route's time.",
+        f" {'met' if met else 'missed'} ({added:.1f} µs against {floor / 10:.1f}, a tenth of {floor:.0f} µs)."
+        f" Gym's app with no middleware at all takes {none:.0f} µs a call, {none / floor:.2f}x the FastAPI"
+        " route's time.",
         "",
         "| layer (outermost first) | alone: µs it adds to Gym's app | taken out of the whole stack: µs saved |",
         "|---|---|---|",
@@ -555,14 +556,15 @@ def request_profile_tables(out: dict[str, Any], source: str) -> str:
     gymhost, alone, floor = servers.values()
     added = sum(gymhost["us_per_request"].get(piece, 0.0) for piece in out["gymhost_pieces"])
     tenth = floor["cpu_us_per_request"] / 10
+    more = gymhost["cpu_us_per_request"] - alone["cpu_us_per_request"]
     lines = [
         f"`POST /get_weather` of one seeded episode on example_single_tool_call, wrk at {out['connections']}"
         f" connections, {out['rounds']} rounds of {out['seconds']} s a server, py-spy sampling {out['rate']} times a"
         f" second from outside; a piece's share of the samples times the server's CPU a call (the median round's,"
         f" from `/proc`; raw numbers: [{source}]({source})). gymhost's pieces together <= a tenth of the FastAPI"
-        f" route's CPU a call: {'met' if added <= tenth else 'missed'} ({added:.0f} µs against {tenth:.0f} µs)."
-        f" In all, `gymhost serve` took {gymhost['cpu_us_per_request'] - alone['cpu_us_per_request']:.0f} µs a call"
-        f" more than Gym's app alone: its pieces, and what they make the others do (a cookie in and out, more awaits).",
+        f" route's CPU a call: {'met' if added <= tenth else 'missed'} ({added:.1f} µs against {tenth:.1f} µs)."
+        f" In all, `gymhost serve` took {more:.0f} µs a call more than Gym's app alone: {added:.1f} in its pieces,"
+        f" {more - added:+.1f} in the others.",
         "",
         "| piece, µs a call | " + " | ".join(servers) + " |",
         "|---|" + "---|" * len(servers),

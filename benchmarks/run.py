@@ -1026,6 +1026,7 @@ def main() -> None:
 
     if shutil.which("wrk") is None:
         raise SystemExit("bench: wrk is not installed (Debian: apt-get install wrk); `make bench` installs it")
+    request_profile.check_py_spy()
     seconds, rounds, scale_by, levels = (
         (1, 1, 0.25, "50,100") if args.quick else (4, 3, 1.0, "100,1000,2500,5000,7500,10000")
     )
