@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import datetime
 import gc
 import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -124,10 +122,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=9)
     given = parser.parse_args()
-    record = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": run.machine()}
-    record["layers"] = measure(given.calls, given.rounds)
-    run.write_results(record, record["date"][:10] + "-layers")
-    print(f"(raw: results/{record['date'][:10]}-layers.json)", file=sys.stderr)
+    run.write_section("layers", "layers", lambda: measure(given.calls, given.rounds))
 
 
 if __name__ == "__main__":

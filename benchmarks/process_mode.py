@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -83,10 +81,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="a git revision to compare with")
     parser.add_argument("--rounds", type=int, default=5)
     given = parser.parse_args()
-    record = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": run.machine()}
-    record["process_mode"] = measure(given.rounds, given.baseline)
-    run.write_results(record, record["date"][:10] + "-process-mode")
-    print(f"(raw: results/{record['date'][:10]}-process-mode.json)", file=sys.stderr)
+    run.write_section("process_mode", "process-mode", lambda: measure(given.rounds, given.baseline))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import datetime
 import json
 import re
 import statistics
@@ -224,10 +223,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=250, help="py-spy's samples a second")
     given = parser.parse_args()
     check_py_spy()
-    record = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": run.machine()}
-    record["request_profile"] = measure(given.rounds, given.seconds, given.rate)
-    run.write_results(record, record["date"][:10] + "-request-profile")
-    print(f"(raw: results/{record['date'][:10]}-request-profile.json)", file=sys.stderr)
+    run.write_section("request_profile", "request-profile", lambda: measure(given.rounds, given.seconds, given.rate))
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -1064,6 +1064,16 @@ def main() -> None:
     results["ratios"] = ratios(results)
     write_results(results, results["date"][:10] + ("-quick" if args.quick else ""))
     print(json.dumps(results["ratios"], indent=2))
+
+
+def write_section(section: str, name: str, measure: Callable[[], dict[str, Any]]) -> None:
+    """One section run alone (``python layers.py`` and the like): dated as it starts, with the machine, into
+    ``results/<date>-<name>.json`` and its README block."""
+    record = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine()}
+    record[section] = measure()
+    stamp = f"{record['date'][:10]}-{name}"
+    write_results(record, stamp)
+    print(f"(raw: results/{stamp}.json)", file=sys.stderr)
 
 
 def write_results(results: dict[str, Any], stamp: str) -> None:

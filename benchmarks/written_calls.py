@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -89,10 +87,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=4)
     given = parser.parse_args()
-    record = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": run.machine()}
-    record["written"] = measure(given.seconds, given.rounds, given.baseline)
-    run.write_results(record, record["date"][:10] + "-written")
-    print(f"(raw: results/{record['date'][:10]}-written.json)", file=sys.stderr)
+    run.write_section("written", "written", lambda: measure(given.seconds, given.rounds, given.baseline))
 
 
 if __name__ == "__main__":
