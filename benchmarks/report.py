@@ -553,7 +553,7 @@ def request_profile_tables(out: dict[str, Any], source: str) -> str:
     """Each server's CPU a call under wrk, split by piece from py-spy's samples, and gymhost's pieces together
     against a tenth of the FastAPI route's."""
     servers = out["servers"]
-    gymhost, alone, floor = servers.values()
+    gymhost, alone, floor = servers.values()  # request_profile.measure's order: gymhost, Gym's app alone, the route
     added = sum(gymhost["us_per_request"].get(piece, 0.0) for piece in out["gymhost_pieces"])
     tenth = floor["cpu_us_per_request"] / 10
     more = gymhost["cpu_us_per_request"] - alone["cpu_us_per_request"]

@@ -68,6 +68,7 @@ def layer_files(folder: Path) -> dict[str, str]:
     files: dict[str, str] = {}
     for layer in create_app(folder).user_middleware:
         module = sys.modules[layer.cls.__module__]
+        assert module.__name__.startswith("gymhost."), f"{layer.cls.__name__} is not one of gymhost's layers"
         path = "/".join(module.__name__.split(".")) + ("/__init__.py" if hasattr(module, "__path__") else ".py")
         assert Path(str(module.__file__)).as_posix().endswith("/" + path), (path, module.__file__)
         assert path not in files, f"{layer.cls.__name__} and {files[path]} share {path}: tell them apart by class"
@@ -150,8 +151,11 @@ def check_py_spy() -> None:
     run's sections, which only write their results at the end."""
     if not PY_SPY.exists():
         raise SystemExit(f"bench: {PY_SPY} is missing (pip install py-spy); `make bench` installs it")
-    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as child:
+    waiting = "print('up', flush=True); import time; time.sleep(60)"
+    with subprocess.Popen([sys.executable, "-c", waiting], stdout=subprocess.PIPE, text=True) as child:
         try:
+            if child.stdout is None or child.stdout.readline() != "up\n":  # up: an interpreter py-spy can read
+                raise SystemExit("bench: a Python process for py-spy to read did not start")
             dumped = subprocess.run([str(PY_SPY), "dump", "--pid", str(child.pid)], capture_output=True, text=True)
         finally:
             child.kill()
