@@ -217,16 +217,19 @@ schema: .venv/.installed
 demo: .venv-demo/.installed
 	.venv-demo/bin/python examples/demo.py
 
-# Benchmarks use nemo-gym 0.7.0 (the current release) and wrk (Debian package) as the load generator.
-bench: .venv-gym07/.installed .venv-openenv/.installed
+# Benchmarks use nemo-gym 0.7.0 (the current release) and wrk (Debian package) as the load generator; py-spy
+# samples the request profile's servers (benchmarks/request_profile.py), installed in the venv for the benchmarks only.
+.venv-gym07/bin/py-spy: .venv-gym07/.installed
+	.venv-gym07/bin/pip install -q py-spy==0.4.3 $(PIP_QUIET)
+	touch $@
+
+bench: .venv-gym07/.installed .venv-gym07/bin/py-spy .venv-openenv/.installed
 	@command -v wrk >/dev/null || apt-get install -y -q wrk
-	@test -x .venv-gym07/bin/py-spy || .venv-gym07/bin/pip install -q py-spy==0.4.3 $(PIP_QUIET)
 	@command -v haproxy >/dev/null || apt-get install -y -q haproxy
 	cd benchmarks && ../.venv-gym07/bin/python run.py
 
-bench-quick: .venv-gym07/.installed .venv-openenv/.installed
+bench-quick: .venv-gym07/.installed .venv-gym07/bin/py-spy .venv-openenv/.installed
 	@command -v wrk >/dev/null || apt-get install -y -q wrk
-	@test -x .venv-gym07/bin/py-spy || .venv-gym07/bin/pip install -q py-spy==0.4.3 $(PIP_QUIET)
 	@command -v haproxy >/dev/null || apt-get install -y -q haproxy
 	cd benchmarks && ../.venv-gym07/bin/python run.py --quick
 
@@ -263,9 +266,8 @@ bench-process-mode: .venv-gym07/.installed
 
 # A Gym server's tool call under wrk, by piece, with py-spy sampling the servers from outside
 # (benchmarks/request_profile.py; layers.py, below, asks the same in one process).
-bench-request-profile: .venv-gym07/.installed
+bench-request-profile: .venv-gym07/.installed .venv-gym07/bin/py-spy
 	@command -v wrk >/dev/null || apt-get install -y -q wrk
-	@test -x .venv-gym07/bin/py-spy || .venv-gym07/bin/pip install -q py-spy==0.4.3 $(PIP_QUIET)
 	cd benchmarks && ../.venv-gym07/bin/python request_profile.py
 
 # Where a Gym server's tool call spends gymhost's microseconds, layer by layer, in-process (benchmarks/layers.py).

@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=9)
     given = parser.parse_args()
-    run.write_section("layers", "layers", lambda: measure(given.calls, given.rounds))
+    run.write_section("layers", lambda: measure(given.calls, given.rounds))
 
 
 if __name__ == "__main__":

@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="a git revision to compare with")
     parser.add_argument("--rounds", type=int, default=5)
     given = parser.parse_args()
-    run.write_section("process_mode", "process-mode", lambda: measure(given.rounds, given.baseline))
+    run.write_section("process_mode", lambda: measure(given.rounds, given.baseline))
 
 
 if __name__ == "__main__":

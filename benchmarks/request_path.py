@@ -52,6 +52,26 @@ def baseline_environment(revision: str) -> dict[str, str]:
     return environment
 
 
+def start_servers(
+    stack: contextlib.ExitStack, servers: dict[str, tuple[list[str], dict[str, str]]], serve: list[str],
+    row: dict[str, Any],
+) -> dict[str, tuple[str, str, int]]:  # fmt: skip
+    """Each server (its command and environment) up on a port of its own until ``stack`` closes, with a seeded
+    episode's cookie for those that are ``serve`` (the floors keep no session), and warmed up: by name, its URL,
+    cookie and pid."""
+    targets = {}
+    for name, (command, env) in servers.items():
+        port = run.free_port()
+        url = f"http://127.0.0.1:{port}"
+        served = command[: len(serve)] == serve  # `gymhost serve`, not one of the floors
+        argv = [*command, "--port", str(port)] if served else [*command, str(port)]
+        process = stack.enter_context(run.server(argv, url, env=env))
+        cookie = run.seed_cookie(url, row) if served else ""
+        run.wrk(f"{url}/get_weather", 16, 1, cookie)  # warm up
+        targets[name] = (url, cookie, process.pid)
+    return targets
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", required=True, help="the git revision to compare with")
@@ -70,16 +90,7 @@ def main() -> None:
     }
     samples: dict[str, dict[int, list[dict[str, Any]]]] = {name: {c: [] for c in LEVELS} for name in servers}
     with contextlib.ExitStack() as stack:
-        targets = {}
-        for name, (command, env) in servers.items():
-            port = run.free_port()
-            url = f"http://127.0.0.1:{port}"
-            served = command[: len(serve)] == serve  # `gymhost serve`, not one of the floors (which keep no session)
-            argv = [*command, "--port", str(port)] if served else [*command, str(port)]
-            process = stack.enter_context(run.server(argv, url, env=env))
-            cookie = run.seed_cookie(url, row) if served else ""
-            run.wrk(f"{url}/get_weather", 16, 1, cookie)  # warm up
-            targets[name] = (url, cookie, process.pid)
+        targets = start_servers(stack, servers, serve, row)
         for number in range(given.rounds):
             for c in LEVELS:
                 for name, (url, cookie, pid) in run.in_turn(targets, number):

@@ -35,7 +35,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# (`run` is imported where it is used: it needs the benchmarks' venv, and the attribution is tested without it.)
+# (`run` and `request_path` are imported where they are used: they need the benchmarks' venv, and the attribution
+# is tested without it.)
 
 HERE = Path(__file__).resolve().parent
 CONNECTIONS = 64
@@ -164,6 +165,7 @@ def check_py_spy() -> None:
 
 
 def measure(rounds: int, seconds: int, rate: int) -> dict[str, Any]:
+    import request_path
     import run
 
     if rounds < 1:
@@ -173,26 +175,18 @@ def measure(rounds: int, seconds: int, rate: int) -> dict[str, Any]:
         layers = layer_files(folder)
     row = json.loads((folder / "data" / "example.jsonl").read_text().splitlines()[0])
     serve = [run.PYTHON, "-m", "gymhost", "serve", str(folder), "--log-level", "warning"]
-    servers = {
-        GYMHOST: serve,
-        GYM_ALONE: [run.PYTHON, str(HERE / "gym_app_bare.py"), str(folder)],
-        FLOOR: [run.PYTHON, str(HERE / "fastapi_app.py")],
+    servers: dict[str, tuple[list[str], dict[str, str]]] = {
+        GYMHOST: (serve, {}),
+        GYM_ALONE: ([run.PYTHON, str(HERE / "gym_app_bare.py"), str(folder)], {}),
+        FLOOR: ([run.PYTHON, str(HERE / "fastapi_app.py")], {}),
     }
     counts: dict[str, collections.Counter[str]] = {name: collections.Counter() for name in servers}
     unplaced: dict[str, collections.Counter[str]] = {name: collections.Counter() for name in servers}
     rounds_seen: dict[str, list[dict[str, Any]]] = {name: [] for name in servers}
     with contextlib.ExitStack() as stack:
-        targets = {}
-        for name, command in servers.items():
-            port = run.free_port()
-            url = f"http://127.0.0.1:{port}"
-            argv = [*command, "--port", str(port)] if command is serve else [*command, str(port)]
-            process = stack.enter_context(run.server(argv, url))
-            cookie = run.seed_cookie(url, row) if command is serve else ""
-            run.wrk(f"{url}/get_weather", 16, 1, cookie)  # warm up
-            targets[name] = (process.pid, url, cookie)
+        targets = request_path.start_servers(stack, servers, serve, row)
         for number in range(rounds):
-            for name, (pid, url, cookie) in run.in_turn(targets, number):
+            for name, (url, cookie, pid) in run.in_turn(targets, number):
                 measured = profile(pid, url, cookie, seconds, rate)
                 placed, missed = attribute(measured.pop("raw"), layers)
                 counts[name] += placed
@@ -227,7 +221,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=250, help="py-spy's samples a second")
     given = parser.parse_args()
     check_py_spy()
-    run.write_section("request_profile", "request-profile", lambda: measure(given.rounds, given.seconds, given.rate))
+    run.write_section("request_profile", lambda: measure(given.rounds, given.seconds, given.rate))
 
 
 if __name__ == "__main__":

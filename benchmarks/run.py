@@ -1066,12 +1066,12 @@ def main() -> None:
     print(json.dumps(results["ratios"], indent=2))
 
 
-def write_section(section: str, name: str, measure: Callable[[], dict[str, Any]]) -> None:
+def write_section(section: str, measure: Callable[[], dict[str, Any]]) -> None:
     """One section run alone (``python layers.py`` and the like): dated as it starts, with the machine, into
-    ``results/<date>-<name>.json`` and its README block."""
+    ``results/<date>-<section, dashed>.json`` and its README block."""
     record = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine()}
     record[section] = measure()
-    stamp = f"{record['date'][:10]}-{name}"
+    stamp = f"{record['date'][:10]}-{section.replace('_', '-')}"
     write_results(record, stamp)
     print(f"(raw: results/{stamp}.json)", file=sys.stderr)
 

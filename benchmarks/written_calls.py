@@ -87,7 +87,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=int, default=4)
     given = parser.parse_args()
-    run.write_section("written", "written", lambda: measure(given.seconds, given.rounds, given.baseline))
+    run.write_section("written", lambda: measure(given.seconds, given.rounds, given.baseline))
 
 
 if __name__ == "__main__":
