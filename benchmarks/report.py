@@ -527,11 +527,14 @@ def hypercorn_tables(out: dict[str, Any], source: str) -> str:
 
 
 def layers_tables(out: dict[str, Any], source: str) -> str:
-    """Each layer's microseconds, alone and taken out, and the whole stack against FastAPI's floor."""
+    """Each layer's microseconds, alone and taken out (and, from 2026-12-03 on, alone in front of an app that answers
+    at once, and the plumbing of as many layers that only pass the call on), and the whole stack against FastAPI's
+    floor."""
     us = out["us_per_call"]
     none, whole, floor = us["none"], us["all"], us["floor"]
     added = whole - none
     met = added <= floor / 10
+    hot = us.get("on_nothing", {})
     lines = [
         f"One seeded episode's `POST /get_weather` on example_single_tool_call, driven in-process with ASGI messages"
         f" (no server); the fastest of {out['rounds']} rounds of {out['calls']:,} calls (raw numbers:"
@@ -540,12 +543,19 @@ def layers_tables(out: dict[str, Any], source: str) -> str:
         f" Gym's app with no middleware at all takes {none:.0f} µs a call, {none / floor:.2f}x the FastAPI"
         " route's time.",
         "",
-        "| layer (outermost first) | alone: µs it adds to Gym's app | taken out of the whole stack: µs saved |",
-        "|---|---|---|",
+        "| layer (outermost first) | alone: µs it adds to Gym's app | taken out of the whole stack: µs saved |"
+        + (" alone, in front of an app that answers at once: µs |" if hot else ""),
+        "|---|---|---|" + ("---|" if hot else ""),
     ]
     for name in out["stack"]:
-        lines.append(f"| `{name}` | {us['alone'][name] - none:.1f} | {whole - us['all_but'][name]:.1f} |")
-    lines.append(f"| the whole stack | {added:.1f} | |")
+        cells = f"| `{name}` | {us['alone'][name] - none:.1f} | {whole - us['all_but'][name]:.1f} |"
+        lines.append(cells + (f" {hot[name] - us['nothing']:.1f} |" if hot else ""))
+    total = sum(hot[name] - us["nothing"] for name in out["stack"]) if hot else 0.0
+    lines.append(f"| the whole stack | {added:.1f} | |" + (f" {total:.1f} (the sum) |" if hot else ""))
+    if "plumbing" in us:
+        plumbing = us["plumbing"] - none
+        row = f"| {len(out['stack'])} layers that only pass the call on (the plumbing) | {plumbing:.1f} | |"
+        lines.append(row + (" |" if hot else ""))
     return "\n".join(lines)
 
 
