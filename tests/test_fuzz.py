@@ -1,6 +1,6 @@
 """Bad input gets a clear JSON error with the right status, never a 500, and never touches another session.
 
-Three kinds of test, each with a bounded budget (the file runs in well under a minute per venv):
+Four kinds of test, each with a bounded budget (the file runs in well under a minute per venv):
 
 - Hypothesis properties against a written counter server (in-process instances, lifespan started once for the
   module): arbitrary JSON and arbitrary bytes on every route, rows with arbitrary task ids, arbitrary tool
@@ -9,6 +9,8 @@ Three kinds of test, each with a bounded budget (the file runs in well under a m
 - The same properties against one of nemo-gym's own example servers, to show the generic app (not only the
   agentenv bridge) answers garbage without 500s, and that ``max_body_bytes`` and ``max_json_depth`` hold.
 - A schemathesis run over the counter server's OpenAPI, lifespan started (its tools are registered there).
+- Arbitrary bytes, and JSON in every encoding ``json.loads`` detects, read by a written tool route's own parser:
+  the value or the error text ``json.loads`` gives.
 
 The statuses asserted are the specified ones: 413 above ``max_body_bytes``, 400 for nesting beyond
 ``max_json_depth`` or a lone surrogate escape, FastAPI's 422 for malformed JSON on Gym's own endpoints; on the
@@ -573,3 +575,27 @@ def test_openapi_operations_conform_and_never_500(counter_openapi: Any) -> None:
                 case.call_and_validate()
 
             call()
+
+
+def _as_loads_reads(read: Any, raw: bytes) -> tuple[str, Any]:
+    try:
+        return "value", repr(read(raw))
+    except (ValueError, RecursionError) as error:
+        return type(error).__name__, str(error)
+
+
+@budget(400)
+@given(raw=raw_bodies | json_values.map(lambda value: json.dumps(value, allow_nan=True)).flatmap(
+    lambda text: st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "utf-16-le", "utf-32", "utf-32-be"]).map(
+        lambda codec: text.encode(codec, "surrogatepass")
+    )
+))  # fmt: skip
+@example(raw=b"\xef\xbb\xbf\xef\xbb\xbf{}")  # a second byte-order mark
+def test_a_written_tool_route_reads_its_arguments_as_json_loads_does(raw: bytes) -> None:
+    """A written tool route parses a call's body with a decoder made once (``json.loads`` makes one a call when
+    given an option): the value it reads, or the error it answers with, is the one ``json.loads`` gives, for any
+    bytes in any encoding ``json.loads`` detects."""
+    from gymhost.environments._server import _no_constant, _read_arguments
+
+    expected = _as_loads_reads(lambda body: json.loads(body, parse_constant=_no_constant), raw)
+    assert _as_loads_reads(_read_arguments, raw) == expected
