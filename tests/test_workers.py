@@ -232,6 +232,12 @@ async def test_sigterm_drains_every_worker(gridsim: Path) -> None:
         episodes = [EpisodeClient(server.url) for _ in range(8)]
         for episode in episodes:
             await episode.seed(row)
+        # A worker counts its siblings' episodes from their gauges, which each refreshes every second: until both
+        # show all eight, a worker holding none of them would see nothing to wait for and stop at once.
+        deadline = time.monotonic() + 30
+        while counted(server.url, "gymhost_episodes_open") < len(episodes) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert counted(server.url, "gymhost_episodes_open") == len(episodes)
         server.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 30  # until every worker has begun its drain (each says so), not for a time
         while server.output.count("draining: no new episodes") < WORKERS and time.monotonic() < deadline:
