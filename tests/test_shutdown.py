@@ -1,12 +1,16 @@
 """Graceful shutdown of a real `gymhost serve`: requests in flight finish within the bound, open episodes are torn
-down, instances stop."""
+down, instances stop; and nothing is left under the temporary directory, even by a server that was killed."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import json
+import os
+import shutil
 import signal
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +20,7 @@ import pytest
 from gymhost.environments import write_folder
 
 from .agentenv_helpers import GRIDSIM, environment_process, make_bundle, rows
-from .processes import ServerProcess, alive, assert_stopped_cleanly, gymhost_command, serving
+from .processes import ServerProcess, alive, assert_stopped_cleanly, children, gymhost_command, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.usefixtures("clean_env")]
 
@@ -90,3 +94,91 @@ def test_shutdown_tears_down_the_open_episode_on_an_instance_it_does_not_own(tmp
         ).json()
         (part,) = reply["result"]["parts"]
         assert part["data"] == {"loaded": False}
+
+
+@pytest.fixture
+def temporary() -> Iterator[Path]:
+    """A temporary directory of the test's own for the servers (TMPDIR), short enough for the sockets in it."""
+    folder = Path(tempfile.mkdtemp(prefix="gh-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def gymhost_folders(temporary: Path) -> dict[str, list[int]]:
+    """gymhost's folders there, by kind, each as the pid of the process that made it."""
+    found: dict[str, list[int]] = {}
+    for entry in temporary.iterdir():
+        kind, _, rest = entry.name.removeprefix("gymhost-").partition("-")
+        if entry.name.startswith("gymhost-"):
+            found.setdefault(kind, []).append(int(rest.split("-")[0]))
+    return {kind: sorted(pids) for kind, pids in found.items()}
+
+
+def wait_for_folders(temporary: Path, expected: dict[str, list[int]]) -> None:
+    deadline = time.monotonic() + 60
+    while gymhost_folders(temporary) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gymhost_folders(temporary) == expected
+
+
+def in_group(group: int) -> list[int]:
+    """The live processes of a process group (a zombie waiting for its reaper does not count)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def test_a_killed_servers_folders_go_at_the_next_start_and_a_clean_stop_leaves_none(
+    counter: Path, temporary: Path
+) -> None:
+    """Workers, each with process instances: the supervisor's folder (the workers' sockets and metrics) and each
+    worker's (its instances' sockets). Killed with SIGKILL, all of them, the server cannot remove them; the next
+    start does. A worker killed alone: the supervisor, which outlives it, removes its folder as it starts another.
+    Stopped with SIGTERM: nothing is left."""
+    command = gymhost_command("serve", str(counter), "--port", "0", "--workers", "2")
+    with serving(command, env={"TMPDIR": str(temporary)}) as killed:
+        workers = children(killed.process.pid)
+        wait_for_folders(temporary, {"workers": [killed.process.pid], "instances": workers})
+        os.killpg(killed.process.pid, signal.SIGKILL)
+        killed.process.wait(20)
+        deadline = time.monotonic() + 30
+        while in_group(killed.process.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not in_group(killed.process.pid)
+    assert gymhost_folders(temporary) == {"workers": [killed.process.pid], "instances": workers}, "left behind"
+
+    with serving(command, env={"TMPDIR": str(temporary)}) as server:
+        workers = children(server.process.pid)
+        wait_for_folders(temporary, {"workers": [server.process.pid], "instances": workers})  # the killed one's gone
+        victim = workers[0]
+        os.kill(victim, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while (victim in children(server.process.pid) or len(children(server.process.pid)) < 2) and (
+            time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+        workers = children(server.process.pid)
+        assert victim not in workers
+        assert len(workers) == 2
+        wait_for_folders(temporary, {"workers": [server.process.pid], "instances": workers})
+    assert_stopped_cleanly(server)
+    assert gymhost_folders(temporary) == {}
+
+
+def test_a_gateways_shared_metrics_folder_goes_when_it_stops(gym_root: Path, tmp_path: Path, temporary: Path) -> None:
+    """``--venv`` on a root: its process mounts would keep their metrics in a folder the gateway renders from."""
+    root = tmp_path / "root"
+    for name in ("example_single_tool_call", "example_session_state_mgmt"):
+        shutil.copytree(gym_root / name, root / "resources_servers" / name)
+    command = gymhost_command("serve", str(root), "--port", "0", "--venv")
+    with serving(command, env={"TMPDIR": str(temporary)}) as server:
+        assert gymhost_folders(temporary) == {"metrics": [server.process.pid]}
+    assert_stopped_cleanly(server)
+    assert gymhost_folders(temporary) == {}

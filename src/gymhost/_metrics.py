@@ -29,7 +29,6 @@ __all__ = [
     "exported_names",
     "handed_off",
     "listen_overflowed",
-    "open_episodes_of_all_workers",
     "render",
     "share_metrics",
 ]
@@ -202,24 +201,6 @@ def render(mount: str | None = None) -> bytes:
         registry = _OneMount(registry, mount or ROOT)
     output: bytes = generate_latest(registry)
     return output
-
-
-def open_episodes_of_all_workers() -> int:
-    """The episodes open in every worker of this replica, from their gauges (multiprocess mode only; else 0)."""
-    if not os.environ.get(_MULTIPROC_ENV_VAR):
-        return 0
-    from prometheus_client import multiprocess
-
-    registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    return int(
-        sum(
-            sample.value
-            for family in registry.collect()
-            if family.name == "gymhost_episodes_open"
-            for sample in family.samples
-        )
-    )
 
 
 def exported_names() -> set[str]:

@@ -17,9 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
-import tempfile
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -34,6 +32,7 @@ from .._config import PARENT_PID_ENV_VAR, SECRET_ENV_VAR, TOKEN_ENV_VAR, MaskedV
 from .._drain import drain
 from .._exceptions import GatewayError
 from .._hosting._operating import OPERATIONS
+from .._scratch import remove, scratch_folder
 from .._sessions._forwarding import Forwarded, forward
 from .._sessions._signing import process_secret
 
@@ -123,7 +122,7 @@ class ProcessMount:
 
     @asynccontextmanager
     async def _lifespan(self, app: Any) -> AsyncIterator[None]:
-        folder = Path(tempfile.mkdtemp(prefix="gymhost-mount-"))
+        folder = scratch_folder("mount")
         self._socket = folder / "server.sock"
         forget = drain.count_open(id(self), self.status.open_episodes)
         watch: asyncio.Task[None] | None = None
@@ -138,7 +137,7 @@ class ProcessMount:
                 await asyncio.gather(watch, return_exceptions=True)
             forget()
             await self._stop()
-            shutil.rmtree(folder, ignore_errors=True)
+            remove(folder)
 
     async def _start(self) -> None:
         assert self._socket is not None

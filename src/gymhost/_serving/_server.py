@@ -5,6 +5,8 @@ Everything that can fail is checked in the order a user can fix it, and before t
 refused with the ``--venv`` hint, or served from its own venv), then the port (a busy port is one line, before
 nemo-gym is imported). Only then is the app built and served: the process's identity set (``process_state``), the
 open-files limit raised (said only where it matters: beyond loopback), the drain wired, one process or workers.
+Whatever a server makes under the temporary directory goes when it stops, SIGTERM included (``_Stopped``), and what
+a killed one left goes when the next one starts (``_scratch``).
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from __future__ import annotations
 import logging
 import logging.config
 import os
+import signal
 import socket
 import sys
-import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ from .._config import ServeConfig, take_parent_pid
 from .._exceptions import ServeError
 from .._hosting._targets import Target, resolve_targets
 from .._keys import MOUNT
+from .._scratch import remove, remove_orphaned, scratch_folder
 
 __all__ = ["Server"]
 
@@ -33,6 +38,40 @@ def _is_loopback(host: str) -> bool:
     from ._run import is_loopback
 
     return is_loopback(host)
+
+
+class _Stopped(BaseException):
+    """SIGTERM, as an exception, so that what the server made is removed before the process dies by it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextmanager
+def _dying_by_sigterm_after_cleanup() -> Iterator[None]:
+    """uvicorn ends a graceful shutdown by raising the signal that began it again, with the handler it found: the
+    default one would kill the process there, before the cleanup that follows the run. With this one, the signal
+    unwinds the run as an exception (as SIGINT does, as ``KeyboardInterrupt``), and the process dies by it once
+    the block's cleanup is done, as uvicorn meant: its exit status says SIGTERM. A SIGTERM while the app is being
+    built ends it the same way. Off the main thread, where no signal handler can be set (nor does uvicorn set one),
+    the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stopped(signum: int, frame: Any) -> None:
+        raise _Stopped(signum)
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        yield
+    except _Stopped:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)
+        raise  # not reached: the signal ends the process
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _print(line: str) -> None:
@@ -55,7 +94,17 @@ class Server:
         parent = take_parent_pid()
         if parent is not None:  # another gymhost process started this one (a gateway's process mount): die with it
             process_state.follow_parent(parent)
-        workers_folder = self._prepare_workers(target)
+        remove_orphaned()  # what a server killed before this start left behind
+        with _dying_by_sigterm_after_cleanup():
+            shared = self._share(target)
+            try:
+                self._run(target, shared if config.workers > 1 else None)
+            finally:
+                if shared is not None:
+                    remove(shared)
+
+    def _run(self, target: Target, workers_folder: Path | None) -> None:
+        config = self.config
         if config.uds is None and config.app.token is None and not _is_loopback(config.host):
             if not config.no_token:
                 raise ServeError(
@@ -117,16 +166,18 @@ class Server:
         arguments = [argument for argument in sys.argv[1:] if argument != "--venv"]
         os.execv(python, [str(python), "-m", "gymhost", *arguments])  # this command, from the folder's venv
 
-    def _prepare_workers(self, target: Target) -> Path | None:
-        """Before anything imports prometheus_client's values: workers share their metrics through a folder, and so
-        do a gateway's process mounts."""
+    def _share(self, target: Target) -> Path | None:
+        """Before anything imports prometheus_client's values: workers share their metrics (and sockets) through a
+        folder, and so do a gateway's process mounts. The folder, if one is made: ``run`` removes it as it ends."""
         from .._metrics import share_metrics
         from ._workers import prepare_workers
 
         if self.config.workers > 1:
             return prepare_workers()
         if self.config.venv and target.gateway:
-            share_metrics(Path(tempfile.mkdtemp(prefix="gymhost-metrics-")))
+            folder = scratch_folder("metrics")
+            share_metrics(folder)
+            return folder
         return None
 
     def _bind(self) -> socket.socket:

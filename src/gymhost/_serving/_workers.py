@@ -15,11 +15,14 @@ hand-off and the forward).
 
 The supervisor restarts a worker that dies; the sessions it held are lost, and answered as such (410, or a masked
 ``session_lost`` verdict) by the new worker, whose start differs. SIGTERM or SIGINT reaches every worker, and each
-drains; a second one stops them at once. Workers die with the supervisor, SIGKILL included: the kernel signals them
-when it dies (``PR_SET_PDEATHSIG``, ``_sessions._identity``'s ``follow_parent``) and, their supervisor gone, they
-stop at once rather than drain, so the port is free within seconds for the server an operator starts in its place.
-Metrics are aggregated across workers by prometheus_client's multiprocess mode, in a folder the supervisor makes
-before any metric has a value.
+drains until every worker's episodes have ended, which the workers tell each other as they drain
+(``_drain.WorkerCounts``: the supervisor marks the replica draining, and says when a worker has exited); a second
+one stops them at once. The supervisor holds the stop signals while it forks, so that no worker misses one. Workers
+die with the supervisor, SIGKILL included: the kernel signals them when it dies (``PR_SET_PDEATHSIG``,
+``_sessions._identity``'s ``follow_parent``) and, their supervisor gone, they stop at once rather than drain, so the
+port is free within seconds for the server an operator starts in its place. Metrics are aggregated across workers by
+prometheus_client's multiprocess mode, in a folder the supervisor makes before any metric has a value. What a worker
+made under the temporary directory and could not remove, killed, the supervisor removes as it reaps it (``_scratch``).
 """
 
 from __future__ import annotations
@@ -27,11 +30,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -39,8 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from .._config import ServeConfig, share_secret_with_children
+from .._drain import WorkerCounts
 from .._exceptions import GymhostError, ServeError
 from .._metrics import share_metrics
+from .._scratch import remove_orphaned, scratch_folder
 from .._sessions._identity import process_state
 from ._run import bind_unix_socket
 
@@ -50,12 +53,14 @@ logger = logging.getLogger("gymhost")
 
 _START_GRACE_S = 10.0  # a worker that exits sooner than this after its start failed to start
 _START_FAILURES = 3  # consecutive failed starts before the supervisor gives up
+_STOPS = {signal.SIGTERM, signal.SIGINT}
 
 
 def prepare_workers() -> Path:
-    """Before anything builds an app: the folder where workers listen and keep their metrics, and one signing
-    secret for all of them (each worker's own random secret would refuse its siblings' cookies)."""
-    folder = Path(tempfile.mkdtemp(prefix="gymhost-workers-"))
+    """Before anything builds an app: the folder where workers listen, keep their metrics and tell each other their
+    drain (the caller removes it when they are done), and one signing secret for all of them (each worker's own
+    random secret would refuse its siblings' cookies)."""
+    folder = scratch_folder("workers")
     share_metrics(folder / "metrics")
     share_secret_with_children()
     return folder
@@ -70,11 +75,7 @@ def serve_workers(
         # The kernel wakes an accept only once the request has arrived: the hand-off reads its owner at once,
         # instead of each worker waiting, connection by connection, for its head (``_handoff``).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 1)
-    supervisor = _Supervisor(app, sock, config, workers, folder, run)
-    try:
-        supervisor.run()
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    _Supervisor(app, sock, config, workers, folder, run).run()
 
 
 class _Supervisor:
@@ -90,20 +91,21 @@ class _Supervisor:
             run,
         )
         self.children: dict[int, tuple[int, float]] = {}  # pid -> (worker index, when it started)
+        self.counts = WorkerCounts(folder)
         self.stopping = 0  # signals received
         self.failures = 0
 
     def run(self) -> None:
         for index in range(self.workers):
             self._spawn(index)
-        handlers = {signum: signal.signal(signum, self._on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
+        handlers = {signum: signal.signal(signum, self._on_signal) for signum in _STOPS}
         try:
             while self.children:
                 pid, status = os.wait()
                 if pid not in self.children:
                     continue
                 index, started = self.children.pop(pid)
-                self._forget(pid)
+                self._forget(pid, index)
                 if self.stopping:
                     continue
                 code = os.waitstatus_to_exitcode(status)
@@ -115,6 +117,8 @@ class _Supervisor:
                             f"worker {index} failed to start {self.failures} times; its log above says why"
                         )
                     time.sleep(1.0)
+                    if self.stopping:  # a signal during the pause: no worker is started after it
+                        continue
                 else:
                     self.failures = 0
                 logger.warning("gymhost: worker %d (pid %d) exited with %d; starting it again", index, pid, code)
@@ -126,6 +130,8 @@ class _Supervisor:
     def _on_signal(self, signum: int, frame: Any) -> None:
         """The first signal drains every worker; a second stops them at once (each worker counts its own)."""
         self.stopping += 1
+        if self.stopping == 1:
+            self.counts.mark_draining()  # before any worker's drain begins, so that each waits for them all
         self._stop_all(signum)
 
     def _stop_all(self, signum: int) -> None:
@@ -133,17 +139,29 @@ class _Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 
-    def _forget(self, pid: int) -> None:
-        with contextlib.suppress(Exception):  # a dead worker's live gauges no longer count
+    def _forget(self, pid: int, index: int) -> None:
+        """A worker has exited: its episodes are over for its siblings' drain, its live gauges no longer count, and
+        what it made under the temporary directory goes (it removes it itself unless it was killed)."""
+        self.counts.gone(index)
+        with contextlib.suppress(Exception):
             from prometheus_client import multiprocess
 
             multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+        remove_orphaned()
 
     def _spawn(self, index: int) -> None:
         parent = os.getpid()
-        pid = os.fork()
+        self.counts.started(index)
+        # A stop signal waits until the worker is among the children it goes to (and the worker has its own handling).
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+        try:
+            pid = os.fork()
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            raise
         if pid:
             self.children[pid] = (index, time.monotonic())
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
             return
         code = 1
         try:
@@ -158,8 +176,9 @@ class _Supervisor:
     def _worker(self, index: int, parent: int) -> int:
         """In the forked worker: die with the supervisor, take an identity, listen for forwards, serve."""
         process_state.follow_parent(parent)  # the supervisor killed: stop at once, with nobody left to drain for
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in _STOPS:
             signal.signal(signum, signal.SIG_DFL)  # the ASGI server installs its own
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)  # held while the supervisor forked this worker
         process_state.become_worker(index, str(self.folder))
         # Its own Unix sockets (replacing what a worker of the same index left behind): a burst forwards thousands
         # of requests at once; connections are handed over by the few siblings, each over one connection it keeps.

@@ -13,12 +13,11 @@ import asyncio
 import contextlib
 import os
 import select
-import shutil
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
+from ..._scratch import remove, scratch_folder
 from .._backend import Instance
 from .._errors import StartupError
 from .._settings import DEFAULT_CONSTRUCT_ONCE, PoolSettings
@@ -219,7 +218,7 @@ class BundleLauncher:
         if template is not None:
             await template.stop()
         if self._sockets is not None:
-            shutil.rmtree(self._sockets, ignore_errors=True)
+            remove(self._sockets)
             self._sockets = None
 
     async def _template_up(self, timeout: float) -> _Template:
@@ -228,7 +227,7 @@ class BundleLauncher:
         async with self._starting:
             if self._template is None or (self._template.forks and not self._template.alive()):
                 if self._sockets is None:
-                    self._sockets = Path(tempfile.mkdtemp(prefix="gymhost-instances-"))
+                    self._sockets = scratch_folder("instances")
                 self._template = await _Template.start(self.bundle, timeout, construct_once=self.construct_once)
             return self._template
 

@@ -24,7 +24,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -32,6 +31,7 @@ from pathlib import Path
 import httpx
 
 from ..._config import AGENT_ENV_PYTHON_ENV_VAR, PARENT_PID_ENV_VAR, configured_agent_env_python
+from ..._scratch import remove, scratch_folder
 from .._backend import Instance, forever
 from .._errors import SourceError, StartupError
 from .._settings import PoolSettings
@@ -98,7 +98,7 @@ class AgentEnvFrameworkApp:
         """Start it and wait until it answers (``/health``), within ``timeout``: agent-env's import alone takes
         seconds. Its output goes to this process's stderr, or, ``quiet``, to a log whose end a failure to start
         shows."""
-        folder = Path(tempfile.mkdtemp(prefix="gymhost-agent-env-"))
+        folder = scratch_folder("agent-env")
         log = (folder / "app.log").open("wb") if quiet else None
         environment = {
             **os.environ,
@@ -120,7 +120,7 @@ class AgentEnvFrameworkApp:
                 env=environment,
             )
         except OSError as error:
-            shutil.rmtree(folder, ignore_errors=True)
+            remove(folder)
             raise StartupError(f"{python}: cannot run agent-env's OpenEnv app: {error}") from None
         finally:
             if log is not None:
@@ -153,7 +153,7 @@ class AgentEnvFrameworkApp:
                 with contextlib.suppress(ProcessLookupError):
                     self.process.kill()
                 await self.process.wait()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        remove(self.folder)
 
     def _output(self) -> str:
         """The end of what it printed, when that went to its log; else where it went."""
