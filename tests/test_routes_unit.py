@@ -1,5 +1,6 @@
 """The tool routes first (``_hosting._routes.hot_routes_first``): every request answered by the route that answered it
-before, whatever the routes around it, without nemo-gym."""
+before, whatever the routes around it; and the liveness routes every app answers (``_hosting._operating``), whatever
+routes the server has. Without nemo-gym."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import itertools
 import httpx
 import pytest
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import BaseRoute, Host, Match, Mount, Route
 from starlette.types import Scope
 
+from gymhost._hosting._operating import add_operating_routes
 from gymhost._hosting._routes import hot_routes_first
+from gymhost._nemo_gym import LIVENESS_ROUTES
+from gymhost.middleware.auth import BearerTokenMiddleware
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -87,3 +92,46 @@ async def test_every_request_is_answered_as_before() -> None:
             answers = [await client.request(method, path) for client in clients]
             seen = [(a.status_code, sorted(a.headers.items()), a.content) for a in answers]
             assert seen[0] == seen[1], (method, path)
+
+
+# -- liveness: ``_operating.add_operating_routes`` ------------------------------------------------------------------
+
+
+def served_routes() -> list[BaseRoute]:
+    """What a server may have at the liveness paths before gymhost answers them: Gym's own liveness (nemo-gym 0.4.0
+    has "/" alone), a server's own POST tool named ``health``, and a written server's catch-all ``POST /{name}``,
+    which made every liveness path Gym did not serve a 405."""
+    return [
+        route("/health", "health-tool", ["POST"]),
+        route("/", "gyms-liveness", ["GET"]),
+        route("/readyz", "gyms-readiness", ["GET"]),
+        route("/{name}", "unknown", ["POST"]),
+    ]
+
+
+async def test_every_liveness_path_answers_whatever_routes_the_server_has() -> None:
+    app = Starlette(routes=served_routes())
+    add_operating_routes(app, liveness=LIVENESS_ROUTES)
+    hot_routes_first(app.router)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        for path in LIVENESS_ROUTES:
+            answer = await client.get(path)
+            assert (answer.status_code, answer.json()) == (200, {"status": "ok"}), path
+            assert (await client.head(path)).status_code == 200, path
+        assert (await client.get("/readyz")).json() == {"status": "ok"}, "gymhost's readiness, not Gym's"
+        tool = await client.post("/health")
+        assert (tool.status_code, tool.text) == (200, "health-tool {}"), "a tool named health is still a tool"
+        unknown = await client.post("/livez")
+        assert unknown.text == "unknown {'name': 'livez'}", "a POST goes where it went before"
+    assert [getattr(r, "path", None) for r in app.routes].count("/") == 1, "Gym's liveness is replaced, not shadowed"
+
+
+async def test_a_token_leaves_every_liveness_path_and_readiness_open_and_nothing_else() -> None:
+    app = Starlette(routes=served_routes(), middleware=[Middleware(BearerTokenMiddleware, token="t")])
+    add_operating_routes(app, liveness=LIVENESS_ROUTES)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+        for path in (*LIVENESS_ROUTES, "/readyz"):
+            assert (await client.get(path)).status_code == 200, path
+            assert (await client.head(path)).status_code == 200, path
+        for method, path in (("GET", "/metrics"), ("POST", "/health"), ("POST", "/livez")):
+            assert (await client.request(method, path)).status_code == 401, (method, path)

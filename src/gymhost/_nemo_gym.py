@@ -16,7 +16,9 @@ from ._exceptions import NemoGymNotInstalledError
 __all__ = [
     "CANCELLED",
     "GYM_ROUTE_NAMES",
+    "LIVENESS_ROUTES",
     "PROVIDER_UNAVAILABLE",
+    "READINESS_ROUTE",
     "SESSION_EXPIRED",
     "SESSION_LOST",
     "SHUTDOWN",
@@ -33,6 +35,13 @@ CANCELLED = "cancelled"
 PROVIDER_UNAVAILABLE = "provider_unavailable"
 SHUTDOWN = "shutdown"
 
+# Gym's liveness routes: the process answers, nothing more. nemo-gym 0.4.0 serves "/" alone, 0.5+ all four; every
+# app gymhost builds answers all four itself, on every version (``_hosting._operating``), and a token never guards
+# them (``middleware.auth``).
+LIVENESS_ROUTES = ("/", "/health", "/healthz", "/livez")
+# Gym's readiness route (0.5+), which answers ok whatever the state; gymhost's replaces it (``_hosting._operating``).
+READINESS_ROUTE = "/readyz"
+
 # Paths a Gym resources server serves itself (nemo-gym 0.4.0 and 0.7.0, liveness and docs included); every other
 # single-segment POST route of a resources server is a tool.
 GYM_ROUTE_NAMES = frozenset(
@@ -43,13 +52,10 @@ GYM_ROUTE_NAMES = frozenset(
         "aggregate_metrics",
         "reverify_mode",
         "mcp",
-        "health",
-        "healthz",
-        "livez",
-        "readyz",
         "docs",
         "redoc",
         "ng-rollout",
+        *(path.lstrip("/") for path in (*LIVENESS_ROUTES, READINESS_ROUTE) if path != "/"),
     }
 )
 

@@ -87,8 +87,9 @@ def create_app(
     client. ``"refuse"`` (the default; None reads ``GYMHOST_MASKED_VERDICTS``) answers it with an HTTP error naming
     the failure, which every client fails the rollout on: verifiers never reads ``mask_sample`` and would train on
     the 0.0 of a 200. ``"answer"`` answers the 200 with ``mask_sample: true``, for clients that read it (Gym 0.5+'s
-    rollout collection). The middleware stack this builds is ``gymhost.middleware.stack.middleware_stack``'s;
-    ``/readyz`` and ``/metrics`` are ``_operating``'s.
+    rollout collection). The middleware stack this builds is ``gymhost.middleware.stack.middleware_stack``'s; the
+    liveness routes (``/``, ``/health``, ``/healthz``, ``/livez``), ``/readyz`` and ``/metrics`` are ``_operating``'s,
+    the same on every nemo-gym version.
     """
     settings = AppSettings.of(
         token=token,
@@ -149,7 +150,7 @@ def _build(
         with signing_mcp_tokens_with_secret(server):
             maybe_auto_expose(server, app)
     secret_mcp_tokens(server)
-    server.setup_liveness(app)
+    server.setup_liveness(app)  # as Gym's launcher calls it; ``operate`` then answers liveness in its place
     server.setup_exception_middleware(app)
     if hasattr(server, "setup_cancellation_middleware"):  # 0.5+: outermost, as run_webserver installs it
         server.setup_cancellation_middleware(app)

@@ -82,11 +82,11 @@ def create_gateway(
     ``servers`` maps prefixes (``"/gridsim"``) to folders or to apps already built with ``create_app``; a path
     instead of a mapping is a Gym root, every ``resources_servers/<name>/`` mounted at ``/<name>``. The result is an
     ordinary FastAPI app: add routes, middleware or more mounts to it. ``GET /`` lists the servers and their tools;
-    ``GET /health`` is the gateway's liveness, ``GET /readyz`` its readiness (every mount ready), ``GET /metrics``
-    every mount's metrics. ``token``, ``max_body_bytes``, ``max_json_depth`` and ``masked_verdicts`` are
-    ``create_app``'s, for every mount; the token guards the gateway's own routes and every mount, liveness probes
-    excepted. Folders whose ``requirements.txt`` this environment does not meet are refused when they clash with
-    another folder's.
+    ``GET /health``, ``/healthz`` and ``/livez`` are the gateway's liveness, ``GET /readyz`` its readiness (every
+    mount ready), ``GET /metrics`` every mount's metrics. ``token``, ``max_body_bytes``, ``max_json_depth`` and
+    ``masked_verdicts`` are ``create_app``'s, for every mount; the token guards the gateway's own routes and every
+    mount, liveness probes excepted. Folders whose ``requirements.txt`` this environment does not meet are refused
+    when they clash with another folder's.
     """
     settings = AppSettings.of(
         token=token,
@@ -140,14 +140,10 @@ def build_gateway(
     async def index() -> dict[str, Any]:
         return {"servers": [_describe(prefix, app) for prefix, app in mounted.items()]}
 
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    for path in sorted(GATEWAY_LIVENESS_PATHS):  # a probe written for one server's /livez works here too
-        gateway.add_api_route(path, health, methods=["GET"], include_in_schema=False)
-
     MOUNTS.set(gateway, mounted)  # /readyz: ready when every mount is
-    add_operating_routes(gateway)  # /readyz and /metrics for the whole gateway, every mount labelled
+    # Liveness (a probe written for one server's /livez works here too), /readyz and /metrics for the whole gateway,
+    # every mount labelled.
+    add_operating_routes(gateway, liveness=sorted(GATEWAY_LIVENESS_PATHS))
     # The folders built here carry the gateway's own stack (they check the token and time their requests); apps
     # built elsewhere are checked here, and timed here unless they time their own.
     timed = {prefix for prefix, app in mounted.items() if prefix in folders or _times_itself(app)}

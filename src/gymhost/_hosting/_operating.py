@@ -2,14 +2,17 @@
 
 ``operate(app, server)`` gives an app built by ``create_app``:
 
+- ``GET /``, ``/health``, ``/healthz``, ``/livez`` (``LIVENESS_ROUTES``): liveness, ``{"status": "ok"}`` whenever the
+  process answers. They are gymhost's own, in place of Gym's, so every nemo-gym version answers all four (0.4.0 has
+  ``/`` alone), and no route of the server's shadows them (a written server's ``POST /{name}`` made them 405). A
+  server's POST route at one of those paths (a tool named ``health``) is kept: it answers its POSTs as before.
 - ``GET /readyz``: 200 only once the app's lifespan has started, the server says it is ready (a written server: its
   pool has its minimum of instances serving) and the process is not draining; otherwise 503 with a JSON ``reason``.
-  It replaces Gym's, which answers ok whatever the state. ``/``, ``/health``, ``/healthz`` and ``/livez`` stay
-  liveness: the process answers.
+  It replaces Gym's, which answers ok whatever the state.
 - ``GET /metrics``: the Prometheus exposition of the app's series (its mount's) and the process's (``_metrics``).
 - episode metrics and the open-episode count a drain waits for: a written server keeps its own (it has the methods
   of ``EpisodeSource``); any other server's sessions are followed from outside (``middleware.tracking``).
-- its gauges refreshed every second while it runs (for the workers that read each other's) and at every scrape.
+- its gauges refreshed every second while it runs (a worker's /metrics adds its siblings' up) and at every scrape.
 
 Under a gateway, the gateway says where each app is mounted before their lifespans start, so their series carry
 that mount, and the gateway's own ``/readyz`` and ``/metrics`` cover every mount.
@@ -19,18 +22,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from .._drain import NOT_READY, drain
 from .._keys import MOUNT, MOUNTS, StateKey
 from .._metrics import CONTENT_TYPE, EpisodeMetrics, render
+from .._nemo_gym import LIVENESS_ROUTES, READINESS_ROUTE
 from ..middleware.tracking import SessionTracker
 from ._lifespan import on_lifespan, wrap_lifespan
 
@@ -125,17 +129,31 @@ def operate(app: Any, server: Any) -> Operations:
 
     on_lifespan(app, started, stopping)
     wrap_lifespan(app, bound)
-    add_operating_routes(app)
+    add_operating_routes(app, liveness=LIVENESS_ROUTES)
     return operations
 
 
-def add_operating_routes(app: Any) -> None:
-    """``/readyz`` (in place of Gym's, if the app has one) and ``/metrics``, ahead of every other route."""
-    app.router.routes[:] = [route for route in app.router.routes if getattr(route, "path", None) != "/readyz"]
+def add_operating_routes(app: Any, *, liveness: Collection[str] = ()) -> None:
+    """Liveness at each path of ``liveness``, ``/readyz`` and ``/metrics``, ahead of every other route. Whatever
+    answered a GET at those paths before (Gym's liveness and readiness) is dropped; routes of other methods there
+    stay, and answer as before."""
+    ours = {*liveness, READINESS_ROUTE, "/metrics"}
+    app.router.routes[:] = [route for route in app.router.routes if not _answers_get_at(route, ours)]
     app.router.routes[:0] = [
-        Route("/readyz", readiness_endpoint, methods=["GET", "HEAD"], include_in_schema=False),
+        *(Route(path, liveness_endpoint, methods=["GET", "HEAD"], include_in_schema=False) for path in liveness),
+        Route(READINESS_ROUTE, readiness_endpoint, methods=["GET", "HEAD"], include_in_schema=False),
         Route("/metrics", metrics_endpoint, methods=["GET"], include_in_schema=False),
     ]
+
+
+def _answers_get_at(route: BaseRoute, paths: Collection[str]) -> bool:
+    methods = getattr(route, "methods", None) or ()
+    return getattr(route, "path", None) in paths and "GET" in methods and set(methods) <= {"GET", "HEAD"}
+
+
+async def liveness_endpoint(request: Request) -> Response:
+    """The process answers: nothing is checked, so a probe never restarts a server that is only busy."""
+    return JSONResponse({"status": "ok"})
 
 
 async def readiness_endpoint(request: Request) -> Response:

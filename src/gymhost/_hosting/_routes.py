@@ -1,11 +1,11 @@
 """A served app's routes, the ones an episode calls most first.
 
 Starlette's router tries an app's routes in order until one takes the request, a regular-expression match each.
-A Gym server's tool routes come last: FastAPI's documentation routes, gymhost's ``/readyz`` and ``/metrics``, Gym's
-seed, verify and health routes, and a written server's pool status all come before them, about twenty matches on
-every tool call, the call an episode makes most. ``hot_routes_first`` moves the tool routes (fixed-path POST routes)
-to the front, then the routes an episode calls once (its seed, verify, close), and leaves the rest in their order.
-The OpenAPI document, made from the routes in order, lists the tools first too.
+A Gym server's tool routes come last: FastAPI's documentation routes, gymhost's liveness, ``/readyz`` and
+``/metrics``, Gym's seed and verify routes, and a written server's pool status all come before them, about twenty
+matches on every tool call, the call an episode makes most. ``hot_routes_first`` moves the tool routes (fixed-path
+POST routes) to the front, then the routes an episode calls once (its seed, verify, close), and leaves the rest in
+their order. The OpenAPI document, made from the routes in order, lists the tools first too.
 
 A route moves only ahead of routes that cannot take any request it takes (none matches its path), so every request
 is answered by the route that answered it before, its 405s and slash redirects included.

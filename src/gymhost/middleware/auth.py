@@ -2,8 +2,8 @@
 
 A Gym server trusts whoever reaches it: seeding, tool calls and verify change state, and the pool and instance
 routes show it. ``BearerTokenMiddleware`` refuses every request without ``Authorization: Bearer <token>`` with a
-401, except liveness probes (``GET`` or ``HEAD`` of ``open_paths``), which a load balancer sends without
-credentials. The token is compared in constant time, and it is never logged or echoed.
+401, except probes (``GET`` or ``HEAD`` of ``open_paths``: liveness and readiness), which a load balancer sends
+without credentials. The token is compared in constant time, and it is never logged or echoed.
 
 The token comes from ``GYMHOST_TOKEN`` unless given explicitly, so an operator who sets it protects every app gymhost
 builds in the process, ``create_app`` inside a gateway of their own included. Turning the check off is explicit:
@@ -18,13 +18,15 @@ from collections.abc import Collection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._asgi import answer_json, path_below_mount
+from .._nemo_gym import LIVENESS_ROUTES, READINESS_ROUTE
 
 __all__ = ["GATEWAY_LIVENESS_PATHS", "LIVENESS_PATHS", "BearerTokenMiddleware"]
 
-# Gym's liveness routes (nemo-gym 0.4.0 answers "/" only; 0.5+ adds the others).
-LIVENESS_PATHS = frozenset({"/", "/health", "/healthz", "/livez", "/readyz"})
-# A gateway's: the same but "/", which lists its servers. One probe path (/livez) serves any target.
-GATEWAY_LIVENESS_PATHS = frozenset({"/health", "/healthz", "/livez"})
+# What a probe reaches without the token on an app: its liveness routes and its readiness, which a load balancer
+# sends without credentials. (The name is older than the two were told apart: it holds readiness too.)
+LIVENESS_PATHS = frozenset({*LIVENESS_ROUTES, READINESS_ROUTE})
+# A gateway's liveness: an app's but "/", which lists its servers. One probe path (/livez) serves any target.
+GATEWAY_LIVENESS_PATHS = frozenset(LIVENESS_ROUTES) - {"/"}
 
 
 class BearerTokenMiddleware:
