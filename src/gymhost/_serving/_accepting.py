@@ -188,12 +188,25 @@ class Acceptor:
 
 class ListenWatch:
     """The kernel's refusals of connections for a full listen queue (``ListenOverflows`` in ``/proc/net/netstat``:
-    this network namespace's, every listening socket's), counted and said."""
+    this network namespace's, every listening socket's), counted and said. It starts and stops with the server's
+    listeners (``start``, ``close`` and ``wait_closed``, as ``Acceptor``'s), so uvicorn's own shutdown ends it."""
 
-    def __init__(self, backlog: int) -> None:
-        self.backlog = backlog
+    def __init__(self, loop: asyncio.AbstractEventLoop, backlog: int) -> None:
+        self.loop, self.backlog = loop, backlog
         self._warn = RateLimitedWarning(logger, _WARN_EVERY_S)
         self._last = _listen_overflows()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = self.loop.create_task(self.run(), name="gymhost-listen-watch")
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def wait_closed(self) -> None:
+        if self._task is not None:
+            await asyncio.wait([self._task])  # ended by close(); waited for without taking its cancellation
 
     async def run(self) -> None:
         while True:

@@ -157,7 +157,12 @@ def _run_uvicorn(app: Any, sockets: list[socket.socket], config: ServeConfig, ha
 class _DrainingUvicorn(uvicorn.Server):
     """uvicorn's server, with gymhost's own accept loop (``_accepting``: no connection refused in silence) and a
     drain before its shutdown (``_drain``): uvicorn's own graceful shutdown starts when the drain ends; a
-    signal the drain does not take stops at once, as uvicorn's second signal does."""
+    signal the drain does not take stops at once, as uvicorn's second signal does.
+
+    Two methods are overridden, for want of a public way: ``startup`` (uvicorn has no hook for the accept loop: it
+    calls ``loop.create_server``) and ``handle_exit`` (the signal handler ``serve`` installs). The rest is uvicorn's
+    own: its ``shutdown`` closes and awaits what ``startup`` put in ``self.servers``, the listen watch among them.
+    tests/test_uvicorn_internals_unit.py fails on a uvicorn whose methods these rely on were not read."""
 
     def __init__(self, config: Any, *, drain_timeout: float, backlog: int, hand_off: socket.socket | None) -> None:
         super().__init__(config)
@@ -165,7 +170,6 @@ class _DrainingUvicorn(uvicorn.Server):
         self.backlog = backlog
         self.hand_off = hand_off
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._watch: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: Any = None) -> None:
         """uvicorn's startup for the sockets gymhost bound, accepting with ``Acceptor`` instead of
@@ -190,17 +194,12 @@ class _DrainingUvicorn(uvicorn.Server):
         ]
         if self.hand_off is not None and listeners:
             listeners.append(HandOffReceiver(loop, self.hand_off, listeners[0].serve))
+        if process_state.worker == 0:  # the host's counter: one process of a replica reads it
+            listeners.append(ListenWatch(loop, self.backlog))
         for listener in listeners:
             listener.start()
         self.servers = listeners  # uvicorn's shutdown calls close() and wait_closed() on each
-        if process_state.worker == 0:  # the host's counter: one process of a replica reads it
-            self._watch = loop.create_task(ListenWatch(self.backlog).run(), name="gymhost-listen-watch")
         self.started = True
-
-    async def shutdown(self, sockets: Any = None) -> None:
-        if self._watch is not None:
-            self._watch.cancel()
-        await super().shutdown(sockets=sockets)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         loop = self._loop
