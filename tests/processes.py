@@ -20,6 +20,12 @@ import httpx
 URL_LINE = re.compile(r"gymhost: serving \S+ at (http://\S+)")
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 20.0
+# A test's HTTP call to a real server: a bound that catches a hang, never one a busy machine reaches (httpx's default
+# of 5 s is: a first /openapi.json or a grader's first import took longer on two cores shared with other work).
+CALL_TIMEOUT_S = 120.0
+# A wait for a state a test names (a process gone, a pool settled, readiness flipped): the bound only ends a wait that
+# would never end, so it is far past what a loaded machine takes.
+STATE_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -147,7 +153,7 @@ def uvicorn_in_a_thread(app: object) -> Iterator[str]:
     server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning"))  # type: ignore[arg-type]
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + STATE_TIMEOUT_S
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.02)
     assert server.started, "the upstream server did not start"

@@ -25,6 +25,8 @@ from gymhost import EpisodeClient
 
 from .conftest import REPO
 from .processes import (
+    CALL_TIMEOUT_S,
+    STATE_TIMEOUT_S,
     ServerProcess,
     alive,
     assert_stopped_cleanly,
@@ -218,7 +220,7 @@ async def test_an_episode_agent_env_could_not_run_is_masked_never_scored(gym: Se
         assert "criterion #0 has unknown type 'response_is_polite'" in answer["failure_reason"], answer
         if calls:  # the model's own end_turn met the failure: the call is refused, the episode masked
             assert outputs[0].status_code == 503, outputs[0].text
-    metrics = httpx.get(f"{gym.url}/metrics").text
+    metrics = httpx.get(f"{gym.url}/metrics", timeout=CALL_TIMEOUT_S).text
     assert 'gymhost_episodes_ended_total{failure_kind="openenv:environment_error",mount="/",outcome="masked"} 2.0' in (
         metrics
     ), metrics
@@ -286,7 +288,7 @@ async def test_agent_envs_app_killed_mid_episode_costs_that_episode_only(tmp_pat
         assert socket.exists()
         os.kill(gym.process.pid, signal.SIGKILL)  # the server alone: its process group holds the app too
         gym.process.wait(10)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + STATE_TIMEOUT_S
         while alive(app) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert not alive(app), "agent-env's app outlived the server that started it"

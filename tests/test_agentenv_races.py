@@ -14,7 +14,7 @@ from gymhost import EpisodeClient
 from gymhost.environments import write_folder
 
 from .agentenv_helpers import COUNTER_TASK, make_bundle, rows, served
-from .processes import gymhost_command, run_to_completion, serving
+from .processes import CALL_TIMEOUT_S, STATE_TIMEOUT_S, gymhost_command, run_to_completion, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -100,8 +100,8 @@ async def test_a_client_that_disconnects_mid_seed_leaves_no_stuck_instance(folde
         async with httpx.AsyncClient(base_url=server.url, timeout=0.3) as impatient:
             with pytest.raises(httpx.ReadTimeout):
                 await impatient.post("/seed_session", json=row(folder, "slow"))
-        deadline = time.monotonic() + 15
-        async with httpx.AsyncClient(base_url=server.url) as client:
+        deadline = time.monotonic() + STATE_TIMEOUT_S
+        async with httpx.AsyncClient(base_url=server.url, timeout=CALL_TIMEOUT_S) as client:
             while time.monotonic() < deadline:
                 pool = (await client.get("/agentenv/pool")).json()
                 if pool["open_episodes"] == 0 and pool["instances"][0]["state"] == "free":

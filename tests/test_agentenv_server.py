@@ -19,7 +19,15 @@ from gymhost import EpisodeClient, create_app
 from gymhost.environments import Task, awrite_folder, load_tasks, write_folder
 
 from .agentenv_helpers import GRIDSIM, environment_process, make_bundle, pool_status, rows, served
-from .processes import alive, assert_stopped_cleanly, gymhost_command, run_to_completion, serving
+from .processes import (
+    CALL_TIMEOUT_S,
+    STATE_TIMEOUT_S,
+    alive,
+    assert_stopped_cleanly,
+    gymhost_command,
+    run_to_completion,
+    serving,
+)
 from .verdicts import verdict
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -281,7 +289,7 @@ async def test_closed_sessions_and_verdicts_are_forgotten_after_remember_s(folde
         await verified.seed(row)
         await verified.verify(row)
         assert (await pool_status(BASE, transport))["remembered"] == {"verdicts": 1, "closed": 1}
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + STATE_TIMEOUT_S
         while (await pool_status(BASE, transport))["remembered"] != {"verdicts": 0, "closed": 0}:
             assert time.monotonic() < deadline, "remembered sessions were never forgotten"
             await asyncio.sleep(0.2)
@@ -295,7 +303,7 @@ async def test_idle_episodes_expire_and_free_their_instance(folder: Path) -> Non
         row = row_for(folder, "corridor-east")
         episode = EpisodeClient(BASE, transport=transport)
         await episode.seed(row)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + STATE_TIMEOUT_S
         while (await pool_status(BASE, transport))["open_episodes"] and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         answer = await verdict(episode, row)
@@ -422,11 +430,13 @@ def test_no_instance_outlives_the_server(process_folder: Path) -> None:
     """SIGTERM stops every instance; so does SIGKILL, through the instances' death pipe."""
     for stop in (signal.SIGTERM, signal.SIGKILL):
         with serving(gymhost_command("serve", str(process_folder), "--port", "0")) as server:
-            pids = [i["pid"] for i in httpx.get(f"{server.url}/agentenv/pool").json()["instances"]]
+            pids = [
+                i["pid"] for i in httpx.get(f"{server.url}/agentenv/pool", timeout=CALL_TIMEOUT_S).json()["instances"]
+            ]
             assert all(alive(pid) for pid in pids)
             server.process.send_signal(stop)
             server.process.wait(20)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + STATE_TIMEOUT_S
         while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(alive(pid) for pid in pids), f"instances {pids} outlived the server ({stop.name})"

@@ -28,7 +28,7 @@ from gymhost.environments._backend import Catalog, Instance
 from gymhost.environments._settings import PoolSettings
 
 from .agentenv_helpers import until_described
-from .processes import alive, children
+from .processes import STATE_TIMEOUT_S, alive, children
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -268,7 +268,7 @@ def test_a_template_stuck_in_a_constructor_dies_with_the_server(tmp_path: Path) 
             time.sleep(0.05)
         server.kill()
         server.wait()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + STATE_TIMEOUT_S
         while any(alive(pid) for pid in [*templates, *constructing]) and time.monotonic() < deadline:
             time.sleep(0.05)
         left = [pid for pid in [*templates, *constructing] if alive(pid)]

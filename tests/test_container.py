@@ -34,7 +34,7 @@ import yaml
 from gymhost import EpisodeClient
 
 from .agentenv_helpers import GRIDSIM, reach_corner
-from .processes import free_port
+from .processes import CALL_TIMEOUT_S, free_port
 from .test_verifiers import assert_scored, evaluating
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.container, pytest.mark.usefixtures("clean_env")]
@@ -146,7 +146,7 @@ def running(
         deadline = time.monotonic() + 180
         while True:
             try:
-                if httpx.get(f"{container.url}{probe['path']}").status_code == 200:
+                if httpx.get(f"{container.url}{probe['path']}", timeout=CALL_TIMEOUT_S).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -197,9 +197,11 @@ def test_the_image_the_manifest_names_serves_a_written_folder_and_gyms_behind_on
         status = container.exec("cat", "/proc/1/status").stdout
         assert re.search(r"^Uid:\s+10001\s", status, re.MULTILINE), status  # not root
         assert container.exec("touch", "/opt/gymhost/written").returncode != 0  # the root file system is read-only
-        assert httpx.get(f"{container.url}/livez").status_code == 200  # the liveness probe needs no token
-        assert httpx.get(container.url).status_code == 401  # everything else does
-        listed = httpx.get(container.url, headers={"authorization": f"Bearer {TOKEN}"}).json()
+        assert (
+            httpx.get(f"{container.url}/livez", timeout=CALL_TIMEOUT_S).status_code == 200
+        )  # the liveness probe needs no token
+        assert httpx.get(container.url, timeout=CALL_TIMEOUT_S).status_code == 401  # everything else does
+        listed = httpx.get(container.url, headers={"authorization": f"Bearer {TOKEN}"}, timeout=CALL_TIMEOUT_S).json()
         assert sorted(server["prefix"] for server in listed["servers"]) == sorted([f"/{GRIDSIM_NAME}", f"/{WEATHER}"])
         working_directory = manifest("Deployment")["spec"]["template"]["spec"]["containers"][0]["workingDir"]
         assert f"read {working_directory}/env.yaml (policy_base_url)" in container.logs()  # the ConfigMap's
@@ -257,7 +259,7 @@ async def test_podman_stop_drains_an_open_episode_within_the_grace_period(root: 
             stopping = subprocess.Popen([*PODMAN, "stop", "-t", str(grace), container.name], stdout=subprocess.DEVNULL)
             try:
                 deadline = time.monotonic() + 60
-                while httpx.get(f"{container.url}/readyz").status_code != 503:
+                while httpx.get(f"{container.url}/readyz", timeout=CALL_TIMEOUT_S).status_code != 503:
                     assert time.monotonic() < deadline, "readiness never failed after SIGTERM"
                     time.sleep(0.1)
                 async with EpisodeClient(container.url, token=TOKEN) as late:

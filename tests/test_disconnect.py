@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .processes import gymhost_command, serving
+from .processes import CALL_TIMEOUT_S, STATE_TIMEOUT_S, gymhost_command, serving
 from .test_folder_errors import CONFIG, make_folder
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -69,14 +69,14 @@ if __name__ == "__main__":
 async def test_a_client_that_gives_up_cancels_the_handler(tmp_path: Path, gym_version: tuple[int, ...]) -> None:
     folder = make_folder(tmp_path, name="slow", config=CONFIG.format(key="slow", name="slow"), app=SLOW_SERVER)
     with serving(gymhost_command("serve", str(folder), "--port", "0")) as server:
-        async with httpx.AsyncClient(base_url=server.url) as client:
+        async with httpx.AsyncClient(base_url=server.url, timeout=CALL_TIMEOUT_S) as client:
             for seconds in (0.0, 0.05, 0.3):  # fast ones and one that outlives the 0.1 s before watching starts
                 assert (await client.post("/wait", json={"seconds": seconds})).json() == {"waited": seconds}
         async with httpx.AsyncClient(base_url=server.url, timeout=0.5) as impatient:
             with pytest.raises(httpx.ReadTimeout):
                 await impatient.post("/wait", json={"seconds": 5})
-        deadline = time.monotonic() + 10
-        async with httpx.AsyncClient(base_url=server.url) as client:
+        deadline = time.monotonic() + STATE_TIMEOUT_S
+        async with httpx.AsyncClient(base_url=server.url, timeout=CALL_TIMEOUT_S) as client:
             while time.monotonic() < deadline:
                 counts = (await client.post("/counts", json={})).json()
                 if counts["cleaned_up"] or gym_version < (0, 5):

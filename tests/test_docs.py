@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from .conftest import REPO
-from .processes import free_port, gymhost_command, run_to_completion, serving
+from .processes import CALL_TIMEOUT_S, free_port, gymhost_command, run_to_completion, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.usefixtures("clean_env")]
 
@@ -66,7 +66,7 @@ def test_the_quickstart_plays_an_episode_with_curl_and_with_episode_client(tmp_p
     assert written.returncode == 0, written.stderr
     port = str(free_port())
     with serving(gymhost_command(*serve.split()[1:-1], port), cwd=tmp_path) as server:
-        assert httpx.get(f"{server.url}/readyz").json() == {"status": "ok"}
+        assert httpx.get(f"{server.url}/readyz", timeout=CALL_TIMEOUT_S).json() == {"status": "ok"}
 
 
 def test_the_create_app_example_prints_reward_one(gym_root: Path, tmp_path: Path) -> None:

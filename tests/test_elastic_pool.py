@@ -18,7 +18,7 @@ from gymhost import EpisodeClient
 from gymhost.environments import awrite_folder
 
 from .agentenv_helpers import COUNTER_ENV, make_bundle, pool_status, rows, served
-from .processes import alive, children, parent
+from .processes import STATE_TIMEOUT_S, alive, children, parent
 from .verdicts import verdict
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -99,7 +99,7 @@ async def test_instances_free_past_instance_idle_s_are_stopped_down_to_the_minim
         assert len(pids) == 4
         for episode, _ in held:
             assert (await finish(episode, row))["reward"] == 1.0
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + STATE_TIMEOUT_S
         while len((await pool_status(BASE, transport))["instances"]) > 1 and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
         status = await pool_status(BASE, transport)
@@ -108,7 +108,7 @@ async def test_instances_free_past_instance_idle_s_are_stopped_down_to_the_minim
         kept = [status["instances"][0]["pid"]]
         template = parent(kept[0])  # instances are forked from the pool's template process
         assert children(os.getpid()) == [template]
-        deadline = time.monotonic() + 10  # stopped gracefully, then reaped
+        deadline = time.monotonic() + STATE_TIMEOUT_S  # stopped gracefully, then reaped
         while children(template) != kept and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert children(template) == kept, "the stopped instances' processes are gone, and reaped"

@@ -22,7 +22,7 @@ from gymhost.environments import Task, load_tasks, write_folder
 from .agentenv_helpers import GRIDSIM, rows
 from .conftest import REPO
 from .gym_plays import example_rows, play_mcp_weather
-from .processes import free_port, gymhost_command, serving
+from .processes import CALL_TIMEOUT_S, free_port, gymhost_command, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -224,7 +224,7 @@ def test_folders_whose_requirements_conflict_are_refused(tmp_path: Path) -> None
 async def test_gymhost_serve_a_root_as_a_real_process(root: Path, gym_root: Path, server: str) -> None:
     with serving(gymhost_command("serve", str(root), "--port", "0", "--server", server)) as process:
         assert "(servers: /example_session_state_mgmt, /gridsim_a, /gridsim_b)" in process.output
-        async with httpx.AsyncClient(base_url=process.url) as client:
+        async with httpx.AsyncClient(base_url=process.url, timeout=CALL_TIMEOUT_S) as client:
             rewards = await asyncio.gather(
                 play_gridsim(client, "/gridsim_a", rows(root / "resources_servers" / "gridsim_a")[8]),
                 play_gridsim(client, "/gridsim_b", rows(root / "resources_servers" / "gridsim_b")[9]),
@@ -239,7 +239,7 @@ async def test_asgi_module_serves_a_root(root: Path) -> None:
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "uvicorn", "asgi:app", "--port", str(port)]
     with serving(command, cwd=REPO, env={"GYMHOST_FOLDER": str(root)}, url=url):
-        async with httpx.AsyncClient(base_url=url) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=CALL_TIMEOUT_S) as client:
             assert len((await client.get("/")).json()["servers"]) == 3
             assert await play_gridsim(client, "/gridsim_a", rows(root / "resources_servers" / "gridsim_a")[0]) == 1.0
 
@@ -252,7 +252,7 @@ async def test_asgi_module_serves_several_folders_as_gymhost_serve_does(root: Pa
     command = [sys.executable, "-m", "uvicorn", "asgi:app", "--port", str(port)]
     folders = f"{servers / 'gridsim_a'} {servers / 'gridsim_b'}"
     with serving(command, cwd=REPO, env={"GYMHOST_FOLDER": folders}, url=url):
-        async with httpx.AsyncClient(base_url=url) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=CALL_TIMEOUT_S) as client:
             assert [server["prefix"] for server in (await client.get("/")).json()["servers"]] == [
                 "/gridsim_a",
                 "/gridsim_b",

@@ -11,7 +11,7 @@ import pytest
 from gymhost import NO_TOKEN, EpisodeClient, create_app, create_gateway
 
 from .gym_plays import example_rows
-from .processes import gymhost_command, run_to_completion, serving
+from .processes import CALL_TIMEOUT_S, gymhost_command, run_to_completion, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -98,10 +98,15 @@ def test_serve_with_a_token_refuses_strangers_and_never_logs_the_token_or_the_se
     command = gymhost_command("serve", str(gym_root / EXAMPLE), "--port", "0", "--log-level", "debug", "--access-log")
     with serving(command, env=env) as server:
         row = example_rows(gym_root / EXAMPLE)[0]
-        assert httpx.post(f"{server.url}/seed_session", json=row).status_code == 401
-        seeded = httpx.post(f"{server.url}/seed_session", json=row, headers=bearer())
+        assert httpx.post(f"{server.url}/seed_session", json=row, timeout=CALL_TIMEOUT_S).status_code == 401
+        seeded = httpx.post(f"{server.url}/seed_session", json=row, headers=bearer(), timeout=CALL_TIMEOUT_S)
         assert seeded.status_code == 200
-        assert httpx.post(f"{server.url}/seed_session", json=row, headers=bearer("wrong")).status_code == 401
+        assert (
+            httpx.post(
+                f"{server.url}/seed_session", json=row, headers=bearer("wrong"), timeout=CALL_TIMEOUT_S
+            ).status_code
+            == 401
+        )
     assert TOKEN not in server.output, server.output
     assert SECRET not in server.output, server.output
 

@@ -20,7 +20,7 @@ from gymhost import create_app, create_gateway
 from gymhost._exceptions import FolderError
 from gymhost._hosting._lifespan import running_lifespan
 
-from .processes import assert_stopped_cleanly, gymhost_command, serving, uvicorn_in_a_thread
+from .processes import CALL_TIMEOUT_S, assert_stopped_cleanly, gymhost_command, serving, uvicorn_in_a_thread
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -203,7 +203,7 @@ def test_gymhost_serve_runs_one_folder_in_it(tmp_path: Path) -> None:
     folder = reader(tmp_path / "gym")
     (tmp_path / "gym" / "env.yaml").write_text("policy_base_url: http://policy\n")
     with serving(gymhost_command("serve", str(folder), "--port", "0"), cwd=tmp_path) as server:
-        answer = httpx.post(f"{server.url}/read", json={}).json()
+        answer = httpx.post(f"{server.url}/read", json={}, timeout=CALL_TIMEOUT_S).json()
     assert answer == {"template": "Judge it.", "greeting": "hello", "judge": "http://policy"}
     assert_stopped_cleanly(server)
 
@@ -253,7 +253,7 @@ async def test_a_gymnasium_style_episode_is_followed_from_reset_to_its_last_step
 async def test_a_drain_waits_for_a_gymnasium_episode_and_takes_no_new_one(tmp_path: Path) -> None:
     folder = countdown(tmp_path)
     with serving(gymhost_command("serve", str(folder), "--port", "0", "--drain-timeout", "60")) as server:
-        async with httpx.AsyncClient(base_url=server.url) as client:
+        async with httpx.AsyncClient(base_url=server.url, timeout=CALL_TIMEOUT_S) as client:
             await client.post("/reset", json={})
             # The drain reads the same live count as the gauge: both say 1 now, with no wait.
             metrics = (await client.get("/metrics")).text
@@ -268,7 +268,7 @@ async def test_a_drain_waits_for_a_gymnasium_episode_and_takes_no_new_one(tmp_pa
 
 
 async def _refused(client: httpx.AsyncClient) -> bool:
-    other = httpx.AsyncClient(base_url=client.base_url)  # a new client: a new session
+    other = httpx.AsyncClient(base_url=client.base_url, timeout=CALL_TIMEOUT_S)  # a new client: a new session
     async with other:
         return (await other.post("/reset", json={})).status_code == 503
 
@@ -280,10 +280,10 @@ async def test_a_gymnasium_step_on_another_replica_is_answered_as_lost(tmp_path:
         serving(gymhost_command("serve", str(folder), "--port", "0", "--replica-id", "a"), env=secret) as first,
         serving(gymhost_command("serve", str(folder), "--port", "0", "--replica-id", "b"), env=secret) as second,
     ):
-        async with httpx.AsyncClient(base_url=first.url) as client:
+        async with httpx.AsyncClient(base_url=first.url, timeout=CALL_TIMEOUT_S) as client:
             await client.post("/reset", json={})
             cookies = client.cookies
-        async with httpx.AsyncClient(base_url=second.url, cookies=cookies) as elsewhere:
+        async with httpx.AsyncClient(base_url=second.url, cookies=cookies, timeout=CALL_TIMEOUT_S) as elsewhere:
             lost = await elsewhere.post("/step", json={})
             assert lost.status_code == 410
             assert lost.json()["failure_kind"] == "session_lost"

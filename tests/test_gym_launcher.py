@@ -10,12 +10,15 @@ requirement line it would install gymhost from is checked in test_agentenv_write
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +28,7 @@ import pytest
 from gymhost.environments import write_folder
 
 from .agentenv_helpers import GRIDSIM
-from .processes import free_port, serving
+from .processes import CALL_TIMEOUT_S, alive, descendants, free_port, parent, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.usefixtures("clean_env")]
 
@@ -33,6 +36,13 @@ NAME = "gridsim_v1"
 TASK = "report-position"  # three tool calls and a final answer that the grading reads
 LOST = "reach-corner"  # two moves; its instance is killed before the final turn
 GYM = Path(sys.executable).with_name("gym")
+DRAIN_TIMEOUT_S = 5  # the written server's drain, set for the launcher's servers through the environment
+# After Ctrl-C, gymhost's processes are gone within their drain and this much more (Gym's launcher sends its servers
+# SIGINT, then SIGKILL a second later; a server's pool follows it by PR_SET_PDEATHSIG), however busy the machine.
+GYMHOST_STOP_BOUND_S = DRAIN_TIMEOUT_S + 60
+# How long the launcher itself (and Ray under it) may take to exit after Ctrl-C before it is killed and reported: its
+# own slowness is Gym's and Ray's, not a failure of gymhost's.
+LAUNCHER_STOP_BOUND_S = 240
 
 
 def session_processes(session: int) -> list[str]:
@@ -113,10 +123,12 @@ def test_gyms_launcher_runs_a_written_folder_and_plays_an_episode(tmp_path: Path
     model = [sys.executable, str(Path(__file__).with_name("scripted_model.py")), "--port", str(model_port)]
     model += ["--gates", str(gates), "--script", json.dumps({"scripts": scripts})]
     environment = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_USAGE_STATS_ENABLED": "0"}
+    environment["GYMHOST_DRAIN_TIMEOUT"] = str(DRAIN_TIMEOUT_S)
     start = [str(GYM), "env", "start", *(arg for config in configs for arg in ("--config", config))]
     start += ["--model-type", "vllm_model", "--model-url", f"http://127.0.0.1:{model_port}/v1", "--model", "scripted"]
     start += ["--model-api-key", "unused", *head, f"++uv_venv_dir={venvs}", "++skip_venv_if_present=true"]
     log = tmp_path / "launcher.log"
+    gymhosts: list[int] = []  # the written server's process and its pool's (template and instances), by PID
     with serving(model, url=f"http://127.0.0.1:{model_port}", ready_path="/v1/models"):
         with log.open("w") as output:
             launcher = subprocess.Popen(
@@ -131,7 +143,7 @@ def test_gyms_launcher_runs_a_written_folder_and_plays_an_episode(tmp_path: Path
                 collect, cwd=root, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
             )
             try:
-                kill_the_lost_episodes_instance(gates, f"http://127.0.0.1:{head_port}", collecting)
+                gymhosts = kill_the_lost_episodes_instance(gates, f"http://127.0.0.1:{head_port}", collecting)
                 said, _ = collecting.communicate(timeout=300)
             finally:
                 (gates / "lost.go").touch()  # never leave the model holding a turn
@@ -145,7 +157,13 @@ def test_gyms_launcher_runs_a_written_folder_and_plays_an_episode(tmp_path: Path
             # Stopped as a user stops it: Ctrl-C. It stops its servers (SIGINT, then SIGKILL after a second) and Ray.
             if launcher.poll() is None:
                 launcher.send_signal(signal.SIGINT)
-            stopped_by_ctrl_c(launcher, log)
+            stop_noted = time.monotonic()
+            gymhost_left = wait_for_gone(gymhosts, stop_noted + GYMHOST_STOP_BOUND_S)
+            stopped_by_ctrl_c(launcher, log, stop_noted + LAUNCHER_STOP_BOUND_S)
+    assert not gymhost_left, (
+        f"gymhost's processes outlived Ctrl-C to Gym's launcher by {GYMHOST_STOP_BOUND_S} s: "
+        f"{[process_line(pid) for pid in gymhost_left]}\n{log.read_text()[-3000:]}"
+    )
     played = sorted((r["task_id"], r["reward"], r.get("mask_sample", False)) for r in rollouts)
     if gym_version >= (0, 5):
         assert collecting.returncode == 0, said[-3000:]
@@ -155,16 +173,41 @@ def test_gyms_launcher_runs_a_written_folder_and_plays_an_episode(tmp_path: Path
         assert LOST not in [task for task, _, _ in played], played
         assert "500, message='Internal Server Error'" in said, said[-3000:]  # Gym's agent, on the refused verify
         assert '"POST /verify HTTP/1.1" 502 Bad Gateway' in log.read_text(), log.read_text()[-3000:]
-    deadline = time.monotonic() + 10  # its servers' own children (environment instances) go by their death pipes
+    # What is left of the launcher's session now is Gym's and Ray's own (gymhost's are gone, above): a leftover is
+    # killed and reported, not counted against gymhost.
+    deadline = time.monotonic() + 30
     while (left := session_processes(launcher.pid)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not left, left
+    if left:
+        kill_session(launcher.pid)
+        warnings.warn(f"Gym's launcher left processes of its own after it exited; killed: {left}", stacklevel=1)
 
 
-def kill_the_lost_episodes_instance(gates: Path, head: str, collecting: subprocess.Popen[str]) -> None:
+def wait_for_gone(pids: list[int], deadline: float) -> list[int]:
+    """Wait until none of ``pids`` runs, or the deadline passes; the ones still running."""
+    while (running := [pid for pid in pids if alive(pid)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return running
+
+
+def process_line(pid: int) -> str:
+    try:
+        return f"{pid}: {Path(f'/proc/{pid}/cmdline').read_bytes().replace(b'\0', b' ').decode()[:150]}"
+    except OSError:
+        return f"{pid}: gone"
+
+
+def kill_session(session: int) -> None:
+    """SIGKILL every process left in a session: the launcher's group and any group Ray's processes made in it."""
+    for line in session_processes(session):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+
+
+def kill_the_lost_episodes_instance(gates: Path, head: str, collecting: subprocess.Popen[str]) -> list[int]:
     """Once the lost row's model holds its final turn and the other row's episode is over, SIGKILL the environment
     instance the lost row's episode leased (found through the written server's pool, at the address Gym's head server
-    gave it), then let the model answer."""
+    gave it), then let the model answer. Returns gymhost's processes: the written server's and its pool's."""
     deadline = time.monotonic() + 180
     while not (gates / "lost.reached").exists():
         assert collecting.poll() is None, f"the collection ended before the gate:\n{collecting.communicate()[0]}"
@@ -172,29 +215,51 @@ def kill_the_lost_episodes_instance(gates: Path, head: str, collecting: subproce
         time.sleep(0.1)
     from omegaconf import OmegaConf  # the nemo_gym tier's (this module is collected by the unit tier too)
 
-    config = OmegaConf.to_container(OmegaConf.create(json.loads(httpx.get(f"{head}/global_config_dict_yaml").text)))
+    config = OmegaConf.to_container(
+        OmegaConf.create(json.loads(httpx.get(f"{head}/global_config_dict_yaml", timeout=CALL_TIMEOUT_S).text))
+    )
     assert isinstance(config, dict)
     entries = [entry for entry in config.values() if isinstance(entry, dict)]  # config_paths is a list
     (server,) = [entry["resources_servers"][NAME] for entry in entries if NAME in entry.get("resources_servers", {})]
     # The other row plays at the same time and is not held: once its episode is over, the one instance still leased
     # is the lost row's.
     while True:
-        pool = httpx.get(f"http://{server['host']}:{server['port']}/agentenv/pool").json()
+        pool = httpx.get(f"http://{server['host']}:{server['port']}/agentenv/pool", timeout=CALL_TIMEOUT_S).json()
         leased = [instance for instance in pool["instances"] if instance["state"] == "leased"]
         if len(leased) == 1:
             break
         assert collecting.poll() is None, f"the collection ended with the lost row held:\n{collecting.communicate()[0]}"
         assert time.monotonic() < deadline, f"the other row's episode never ended: {pool}"
         time.sleep(0.1)
+    server_pid = listening_pid(int(server["port"]))
+    gymhosts = [server_pid, *descendants(server_pid)]
+    assert leased[0]["pid"] in gymhosts, (leased, gymhosts)
     os.kill(leased[0]["pid"], signal.SIGKILL)
     (gates / "lost.go").touch()
+    return gymhosts
 
 
-def stopped_by_ctrl_c(launcher: subprocess.Popen[str], log: Path) -> None:
-    """Ray shuts down slowly on a loaded machine: the wait is for the launcher to exit, however long that takes
-    within the tier's bounds; only a launcher that ignores Ctrl-C altogether fails."""
+def listening_pid(port: int) -> int:
+    """The process listening on ``port`` of 127.0.0.1 (``ss``, iproute2: the tier's recipe installs it)."""
+    listing = subprocess.run(["ss", "-Htlnp", f"sport = :{port}"], capture_output=True, text=True, check=True).stdout
+    pids = {int(pid) for pid in re.findall(r"pid=(\d+)", listing)}
+    # A child forked after the bind may hold the socket too: the server is the one whose parent does not.
+    servers = [pid for pid in pids if parent(pid) not in pids]
+    assert len(servers) == 1, f"expected one process listening on {port}: {listing!r}"
+    return servers[0]
+
+
+def stopped_by_ctrl_c(launcher: subprocess.Popen[str], log: Path, deadline: float) -> None:
+    """Ray shuts down slowly on a loaded machine: the launcher may take until ``deadline`` to exit. Past it, its
+    session is killed and the slowness reported in the test's warnings: it is Gym's and Ray's, not gymhost's (whose
+    own processes the test has already waited for by PID)."""
     try:
-        launcher.wait(240)
-    except subprocess.TimeoutExpired as timeout:  # chained, so an error that led here is shown with it
-        os.killpg(launcher.pid, signal.SIGKILL)
-        raise AssertionError(f"the launcher ignored Ctrl-C for 240 s:\n{log.read_text()[-4000:]}") from timeout
+        launcher.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        kill_session(launcher.pid)
+        launcher.wait()
+        warnings.warn(
+            f"Gym's launcher ignored Ctrl-C until it was killed, {LAUNCHER_STOP_BOUND_S} s on:\n"
+            f"{log.read_text()[-2000:]}",
+            stacklevel=1,
+        )

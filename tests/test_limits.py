@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .processes import alive, children, free_port, gymhost_command, serving
+from .processes import CALL_TIMEOUT_S, STATE_TIMEOUT_S, alive, children, free_port, gymhost_command, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -114,7 +114,7 @@ async def test_a_hard_limit_too_low_is_said_and_no_connection_is_dropped_in_sile
     command = limited(1024, 1024, gymhost_command("serve", str(gym_root / "example_single_tool_call"), "--port", "0"))
     with serving(command) as server:
         statuses = await burst(server.url, 3000, "/get_weather", {"city": "Paris"})
-        metrics = httpx.get(f"{server.url}/metrics").text
+        metrics = httpx.get(f"{server.url}/metrics", timeout=CALL_TIMEOUT_S).text
     assert statuses == Counter({"200": 3000}), statuses
     assert "cannot accept connections: this process has reached its limit of 1024 open files" in server.output
     refused = [
@@ -140,9 +140,11 @@ async def test_workers_whose_supervisor_is_killed_stop_at_once_and_free_the_port
         workers = children(server.process.pid)
         assert len(workers) == 2, workers
         row = rows(folder)[0]
-        assert httpx.post(f"{server.url}/seed_session", json=row).status_code == 200  # an open episode
+        assert (
+            httpx.post(f"{server.url}/seed_session", json=row, timeout=CALL_TIMEOUT_S).status_code == 200
+        )  # an open episode
         os.kill(server.process.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + STATE_TIMEOUT_S
         while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert not any(alive(pid) for pid in workers), "workers outlived their supervisor"

@@ -22,7 +22,7 @@ from gymhost.environments import awrite_folder, write_folder
 from .agentenv_helpers import COUNTER_TASK, make_bundle, rows
 from .fault_helpers import awrite_faulty
 from .gym_plays import example_rows, play_session_state
-from .processes import ServerProcess, descendants, gymhost_command, serving
+from .processes import CALL_TIMEOUT_S, STATE_TIMEOUT_S, ServerProcess, descendants, gymhost_command, serving
 from .verdicts import read_verdict
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -72,7 +72,7 @@ async def test_metrics_count_what_the_clients_saw(counter_folder: Path) -> None:
     token = "metrics-token"
     right, wrong = (next(r for r in rows(counter_folder) if r["task_id"] == t) for t in ("count-to-3", "wrong-start"))
     with serve(counter_folder, env={"GYMHOST_TOKEN": token}) as server:
-        assert httpx.get(f"{server.url}/metrics").status_code == 401, "a token guards /metrics"
+        assert httpx.get(f"{server.url}/metrics", timeout=CALL_TIMEOUT_S).status_code == 401, "a token guards /metrics"
         verdicts = [await play_counter(server.url, right, token=token) for _ in range(3)]
         verdicts += [await play_counter(server.url, wrong, token=token) for _ in range(2)]
         async with EpisodeClient(server.url, token=token) as closed:
@@ -116,30 +116,38 @@ async def test_readiness_follows_the_pool_and_a_drain_lets_open_episodes_finish(
     folder = await awrite_faulty(tmp_path, instances=1)
     each = ("--set", "source.construct_once=false")  # each instance runs the slow constructor after its fork
     with serve(folder, "--drain-timeout", "60", *each, env={"FAULTY_START_DELAY": "2"}) as server:
-        assert httpx.get(f"{server.url}/readyz").json() == {"status": "ok"}
-        (instance,) = httpx.get(f"{server.url}/agentenv/pool").json()["instances"]
+        assert httpx.get(f"{server.url}/readyz", timeout=CALL_TIMEOUT_S).json() == {"status": "ok"}
+        (instance,) = httpx.get(f"{server.url}/agentenv/pool", timeout=CALL_TIMEOUT_S).json()["instances"]
         os.kill(instance["pid"], signal.SIGKILL)
-        deadline = time.monotonic() + 5
-        while (ready := httpx.get(f"{server.url}/readyz")).status_code == 200 and time.monotonic() < deadline:
+        deadline = time.monotonic() + STATE_TIMEOUT_S
+        while (
+            ready := httpx.get(f"{server.url}/readyz", timeout=CALL_TIMEOUT_S)
+        ).status_code == 200 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert ready.status_code == 503
         assert ready.json()["reason"].startswith("warming up: 0 of its minimum of 1"), ready.json()
-        deadline = time.monotonic() + 20
-        while httpx.get(f"{server.url}/readyz").status_code != 200 and time.monotonic() < deadline:
+        deadline = time.monotonic() + STATE_TIMEOUT_S
+        while (
+            httpx.get(f"{server.url}/readyz", timeout=CALL_TIMEOUT_S).status_code != 200 and time.monotonic() < deadline
+        ):
             time.sleep(0.1)
-        assert httpx.get(f"{server.url}/readyz").status_code == 200, "ready again once the replacement is up"
+        assert httpx.get(f"{server.url}/readyz", timeout=CALL_TIMEOUT_S).status_code == 200, (
+            "ready again once the replacement is up"
+        )
 
         row = rows(folder)[0]
         episode = EpisodeClient(server.url)
         await episode.seed(row)
         processes = descendants(server.process.pid)
         server.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        while httpx.get(f"{server.url}/readyz").status_code == 200 and time.monotonic() < deadline:
+        deadline = time.monotonic() + STATE_TIMEOUT_S
+        while (
+            httpx.get(f"{server.url}/readyz", timeout=CALL_TIMEOUT_S).status_code == 200 and time.monotonic() < deadline
+        ):
             time.sleep(0.05)
-        drained = httpx.get(f"{server.url}/readyz")
+        drained = httpx.get(f"{server.url}/readyz", timeout=CALL_TIMEOUT_S)
         assert (drained.status_code, drained.json()["reason"].split(":")[0]) == (503, "draining")
-        refused = httpx.post(f"{server.url}/seed_session", json=row)
+        refused = httpx.post(f"{server.url}/seed_session", json=row, timeout=CALL_TIMEOUT_S)
         assert refused.status_code == 503
         assert refused.headers["retry-after"]
         assert refused.json()["failure_kind"] == "provider_unavailable"
@@ -263,8 +271,8 @@ async def test_a_gateway_reports_readiness_and_metrics_per_mount(tmp_path: Path,
     await awrite_folder(str(make_bundle(tmp_path / "bundles")), root, name="counter_env", instances=1)
     shutil.copytree(gym_root / COUNTER, root / "resources_servers" / COUNTER)
     with serve(root) as server:
-        assert httpx.get(f"{server.url}/readyz").json() == {"status": "ok"}
-        assert httpx.get(f"{server.url}/counter_env/readyz").json() == {"status": "ok"}
+        assert httpx.get(f"{server.url}/readyz", timeout=CALL_TIMEOUT_S).json() == {"status": "ok"}
+        assert httpx.get(f"{server.url}/counter_env/readyz", timeout=CALL_TIMEOUT_S).json() == {"status": "ok"}
         row = rows(root / "resources_servers" / "counter_env")[0]
         assert (await play_counter(f"{server.url}/counter_env", row))["reward"] == 1.0
         await play_session_state(f"{server.url}/{COUNTER}", example_rows(gym_root / COUNTER)[0], True)

@@ -36,12 +36,15 @@ from gymhost import create_app
 from gymhost._hosting._lifespan import running_lifespan
 
 from .conftest import REPO
-from .processes import alive, assert_stopped_cleanly, children, free_port, gymhost_command, serving
+from .processes import CALL_TIMEOUT_S, alive, assert_stopped_cleanly, children, free_port, gymhost_command, serving
 from .replay_helpers import InputRows, Replayed, plays_gymnasium, replay_gymnasium, replay_simple, rollouts
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.replay, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
 ROWS = 5  # of each folder's recording
+# A replayed call's limit: a hang is caught, never a slow machine. A folder's first verify may import its grader's
+# whole stack (compiling a fresh venv's bytecode), which took over 60 s on two cores shared with other work.
+REQUEST_TIMEOUT_S = 600
 NEEDS = {
     "as_installed": "as installed",
     "own_venv": "their requirements (a venv of their own)",
@@ -130,7 +133,7 @@ async def test_a_folder_as_installed_replays_its_recorded_rewards(name: str, gym
         transport = httpx.ASGITransport(app=app)
 
         def client() -> httpx.AsyncClient:
-            return httpx.AsyncClient(transport=transport, base_url="http://gym.replay", timeout=60)
+            return httpx.AsyncClient(transport=transport, base_url="http://gym.replay", timeout=REQUEST_TIMEOUT_S)
 
         played = await replay(client, folder, plays_gymnasium(paths), _verifier_fields(app))
     hold_to_recording(name, played)
@@ -150,9 +153,9 @@ async def test_a_folder_in_its_own_venv_replays_its_recorded_rewards(
     settings = [f"--set={key}={value}" for key, value in MANIFEST[name].get("set", {}).items()]
     command = gymhost_command("serve", str(folder), "--port", "0", "--venv", *settings)
     with serving(command, env={**venvs, **time_limits(name)}) as server:
-        openapi = httpx.get(f"{server.url}/openapi.json").json()
+        openapi = httpx.get(f"{server.url}/openapi.json", timeout=CALL_TIMEOUT_S).json()
         played = await replay(
-            lambda: httpx.AsyncClient(base_url=server.url, timeout=60),
+            lambda: httpx.AsyncClient(base_url=server.url, timeout=REQUEST_TIMEOUT_S),
             folder,
             plays_gymnasium(set(openapi["paths"])),
             _fields_added(openapi),
@@ -177,19 +180,19 @@ async def test_a_root_serves_the_folders_that_need_their_own_venv_by_processes_b
     (root / "env.yaml").write_text(json.dumps(values))  # YAML reads JSON
     command = gymhost_command("serve", str(root), "--port", "0", "--venv")
     with serving(command, env={**venvs, **time_limits("math_with_judge")}) as server:
-        assert httpx.get(f"{server.url}/readyz").json() == {"status": "ok"}
+        assert httpx.get(f"{server.url}/readyz", timeout=CALL_TIMEOUT_S).json() == {"status": "ok"}
         (mount,) = [pid for pid in children(server.process.pid) if "math_with_judge" in _command_line(pid)]
         for name in ("example_single_tool_call", "math_with_judge"):
             base = f"{server.url}/{name}"
-            openapi = httpx.get(f"{base}/openapi.json").json()
+            openapi = httpx.get(f"{base}/openapi.json", timeout=CALL_TIMEOUT_S).json()
             played = await replay(
-                lambda base=base: httpx.AsyncClient(base_url=base, timeout=60),  # type: ignore[misc]
+                lambda base=base: httpx.AsyncClient(base_url=base, timeout=REQUEST_TIMEOUT_S),  # type: ignore[misc]
                 root / "resources_servers" / name,
                 False,
                 _fields_added(openapi),
             )
             hold_to_recording(name, played)
-        metrics = httpx.get(f"{server.url}/metrics").text
+        metrics = httpx.get(f"{server.url}/metrics", timeout=CALL_TIMEOUT_S).text
         for name in ("example_single_tool_call", "math_with_judge"):
             assert f'gymhost_sessions_started_total{{mount="/{name}"}} {float(ROWS)}' in metrics, metrics
     assert_stopped_cleanly(server)
@@ -284,9 +287,9 @@ async def under_gym_launcher(folder: Path) -> list[Replayed]:
     }
     url = f"http://127.0.0.1:{port}"
     with serving([sys.executable, spec.block["entrypoint"]], cwd=folder, env=env, url=url):
-        openapi = httpx.get(f"{url}/openapi.json").json()
+        openapi = httpx.get(f"{url}/openapi.json", timeout=CALL_TIMEOUT_S).json()
         return await replay(
-            lambda: httpx.AsyncClient(base_url=url, timeout=60),
+            lambda: httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S),
             folder,
             plays_gymnasium(set(openapi["paths"])),
             _fields_added(openapi),

@@ -15,7 +15,7 @@ from gymhost import create_app, create_gateway, mounted_lifespan
 
 from .agentenv_helpers import GRIDSIM, rows
 from .gym_plays import example_rows, play_session_state
-from .processes import gymhost_command, run_to_completion, serving
+from .processes import CALL_TIMEOUT_S, gymhost_command, run_to_completion, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -37,7 +37,7 @@ async def test_installed_servers_are_served_by_name_alone_or_several_at_once(gym
         assert f"gymhost: serving {COUNTER} at {alone.url}" in alone.output
         assert (await play_session_state(alone.url, example_rows(gym_root / COUNTER)[0], True))["reward"] == 1.0
     with serving(gymhost_command("serve", WEATHER, COUNTER, "--port", "0")) as both:
-        listed = {server["prefix"]: server for server in httpx.get(both.url).json()["servers"]}
+        listed = {server["prefix"]: server for server in httpx.get(both.url, timeout=CALL_TIMEOUT_S).json()["servers"]}
         assert sorted(listed) == [f"/{COUNTER}", f"/{WEATHER}"]
         assert listed[f"/{WEATHER}"]["tools"] == ["get_weather"]
         row = example_rows(gym_root / COUNTER)[0]
@@ -49,7 +49,7 @@ def test_a_root_serves_only_the_servers_named(gym_root: Path, tmp_path: Path) ->
     for name in (WEATHER, COUNTER, "example_multi_step"):
         shutil.copytree(gym_root / name, tmp_path / "resources_servers" / name)
     with serving(gymhost_command("serve", str(tmp_path), "--only", f"{WEATHER},{COUNTER}", "--port", "0")) as server:
-        listed = [entry["prefix"] for entry in httpx.get(server.url).json()["servers"]]
+        listed = [entry["prefix"] for entry in httpx.get(server.url, timeout=CALL_TIMEOUT_S).json()["servers"]]
     assert listed == [f"/{WEATHER}", f"/{COUNTER}"]
     line = one_error_line("serve", str(tmp_path), "--only", "nope")
     assert line.startswith(f"Error: --only nope: not in {tmp_path / 'resources_servers'} (it has: ")

@@ -20,7 +20,7 @@ import pytest
 from gymhost.environments import write_folder
 
 from .agentenv_helpers import GRIDSIM, environment_process, make_bundle, rows
-from .processes import ServerProcess, alive, assert_stopped_cleanly, children, gymhost_command, serving
+from .processes import CALL_TIMEOUT_S, ServerProcess, alive, assert_stopped_cleanly, children, gymhost_command, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.usefixtures("clean_env")]
 
@@ -57,7 +57,9 @@ def counter(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("server_name", ["uvicorn", "hypercorn"])
 def test_a_call_in_flight_finishes_and_then_the_instances_stop(counter: Path, server_name: str) -> None:
     with serving(gymhost_command("serve", str(counter), "--port", "0", "--server", server_name)) as server:
-        (pid,) = [i["pid"] for i in httpx.get(f"{server.url}/agentenv/pool").json()["instances"]]
+        (pid,) = [
+            i["pid"] for i in httpx.get(f"{server.url}/agentenv/pool", timeout=CALL_TIMEOUT_S).json()["instances"]
+        ]
         client = seeded(server, rows(counter)[0])
         answer, took = stop_while(server, lambda: client.post("/stall", json={"seconds": 2}), after_s=0.5)
         assert answer.status_code == 200, answer
@@ -70,7 +72,9 @@ def test_a_call_in_flight_finishes_and_then_the_instances_stop(counter: Path, se
 def test_a_call_longer_than_the_grace_period_is_cut_and_the_server_still_exits(counter: Path) -> None:
     command = gymhost_command("serve", str(counter), "--port", "0", "--graceful-timeout", "1")
     with serving(command) as server:
-        (pid,) = [i["pid"] for i in httpx.get(f"{server.url}/agentenv/pool").json()["instances"]]
+        (pid,) = [
+            i["pid"] for i in httpx.get(f"{server.url}/agentenv/pool", timeout=CALL_TIMEOUT_S).json()["instances"]
+        ]
         client = seeded(server, rows(counter)[0])
         answer, took = stop_while(server, lambda: client.post("/stall", json={"seconds": 30}), after_s=0.5)
         assert isinstance(answer, httpx.HTTPError) or answer.status_code >= 500, answer
@@ -90,7 +94,9 @@ def test_shutdown_tears_down_the_open_episode_on_an_instance_it_does_not_own(tmp
             assert state["loaded"] is True
         assert_stopped_cleanly(server)
         reply = httpx.post(
-            f"{environment.url}/agentenv", json={"jsonrpc": "2.0", "id": 1, "method": "data/get", "params": {}}
+            f"{environment.url}/agentenv",
+            json={"jsonrpc": "2.0", "id": 1, "method": "data/get", "params": {}},
+            timeout=CALL_TIMEOUT_S,
         ).json()
         (part,) = reply["result"]["parts"]
         assert part["data"] == {"loaded": False}

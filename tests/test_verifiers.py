@@ -33,7 +33,7 @@ import httpx
 import pytest
 
 from .agentenv_helpers import GRIDSIM, reach_corner
-from .processes import ServerProcess, alive, assert_stopped_cleanly, free_port, gymhost_command, serving
+from .processes import CALL_TIMEOUT_S, ServerProcess, alive, assert_stopped_cleanly, free_port, gymhost_command, serving
 from .test_agent_env import BUNDLE, agent_env_python
 from .test_agent_env import rows as agent_env_rows
 from .test_agent_env import write as write_agent_env
@@ -348,7 +348,7 @@ def test_a_gym_servers_own_masked_verdict_is_a_failed_rollout(
 
 
 def pool(url: str) -> dict[str, Any]:
-    answer: dict[str, Any] = httpx.get(f"{url}/agentenv/pool").json()
+    answer: dict[str, Any] = httpx.get(f"{url}/agentenv/pool", timeout=CALL_TIMEOUT_S).json()
     return answer
 
 
@@ -356,7 +356,7 @@ def metric(url: str, name: str, **labels: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
     total = 0.0
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=CALL_TIMEOUT_S).text):
         for sample in family.samples:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value

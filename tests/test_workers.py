@@ -23,7 +23,7 @@ from gymhost.environments import Task, load_tasks, write_folder
 
 from .agentenv_helpers import GRIDSIM, rows
 from .gym_plays import example_rows, play_mcp_weather, play_session_state
-from .processes import ServerProcess, children, gymhost_command, serving
+from .processes import CALL_TIMEOUT_S, STATE_TIMEOUT_S, ServerProcess, children, gymhost_command, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -39,10 +39,15 @@ def gridsim(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @contextmanager
 def serve(folder: Path, *args: str) -> Iterator[ServerProcess]:
     with serving(gymhost_command("serve", str(folder), "--port", "0", "--workers", str(WORKERS), *args)) as server:
-        deadline = time.monotonic() + 30
-        while len(children(server.process.pid)) < WORKERS and time.monotonic() < deadline:
+        # Every worker serving, not only forked: one still starting on a loaded machine holds nothing and says nothing.
+        deadline = time.monotonic() + STATE_TIMEOUT_S
+        while (
+            len(children(server.process.pid)) < WORKERS
+            or server.output.count("Application startup complete.") < WORKERS
+        ) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert len(children(server.process.pid)) == WORKERS, server.output
+        assert server.output.count("Application startup complete.") == WORKERS, server.output
         yield server
 
 
@@ -144,7 +149,9 @@ async def test_rollout_paths_and_the_resources_session_flow_reach_their_worker(
     row = next(r for r in rows(gridsim) if r["task_id"] == "reach-corner")
     with serve(gridsim) as server:
         if gym_version < (0, 5):  # nemo-gym 0.4.0 has neither: a caller-named seed is a row without a task
-            answer = httpx.post(f"{server.url}/seed_session", json={"resources_session_id": "x"})
+            answer = httpx.post(
+                f"{server.url}/seed_session", json={"resources_session_id": "x"}, timeout=CALL_TIMEOUT_S
+            )
             assert answer.status_code == 422
             return
         through_rollout_paths = await asyncio.gather(
@@ -197,7 +204,7 @@ async def test_a_dead_worker_is_replaced_and_its_episodes_end_lost(gridsim: Path
             await episode.seed(row)
         victim = children(server.process.pid)[0]
         os.kill(victim, signal.SIGKILL)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + STATE_TIMEOUT_S
         while (victim in children(server.process.pid) or len(children(server.process.pid)) < WORKERS) and (
             time.monotonic() < deadline
         ):
@@ -236,7 +243,7 @@ async def test_sigterm_drains_every_worker(gridsim: Path, count: int) -> None:
         for episode in episodes:
             await episode.seed(row)
         server.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30  # until every worker has begun its drain (each says so), or one stopped
+        deadline = time.monotonic() + STATE_TIMEOUT_S  # every worker has begun its drain (each says so), or one stopped
         while (
             server.output.count("draining: no new episodes") < WORKERS
             and "stopping: no episode is open" not in server.output
@@ -244,7 +251,7 @@ async def test_sigterm_drains_every_worker(gridsim: Path, count: int) -> None:
         ):
             time.sleep(0.05)
         assert server.output.count("draining: no new episodes") == WORKERS, server.output
-        refused = httpx.post(f"{server.url}/seed_session", json=row)
+        refused = httpx.post(f"{server.url}/seed_session", json=row, timeout=CALL_TIMEOUT_S)
         assert (refused.status_code, refused.json()["failure_kind"]) == (503, "provider_unavailable")
         for episode in episodes:  # open episodes, on either worker, play to their end
             for call in TASKS["reach-corner"].solution.tool_calls:  # type: ignore[union-attr]

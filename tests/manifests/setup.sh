@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bash tests/manifests/setup.sh DIR PYTHON: builds the manifests tier's tools into DIR, from scratch (PyPI and npm are
+# bash tests/manifests/setup.sh DIR PYTHON UV: builds the manifests tier's tools into DIR, from scratch (PyPI and npm are
 # reached here only; the tests then run offline):
 #   DIR/                          a venv from PYTHON with requirements.txt (kubernetes-validate, envoy-data-plane,
 #                                 pytest, ...); tests/test_manifests.py runs in it and finds the rest through it
@@ -9,34 +9,24 @@
 # @kubernetes-models/gateway-api is pinned to exactly 2.0.0: it is built from Gateway API v1.5.1's CRDs, with the
 # experimental HTTPRoute sessionPersistence deploy/kubernetes uses. 2.0.0 declares engines node >= 22 (it runs on
 # node 20), and on an older node npm resolves any looser spec to 0.5.1 (Gateway API v1.0, no sessionPersistence).
-# node and npm: Debian's packages, installed here when missing if run as root.
+# node and npm: Debian's packages, installed here when missing if run as root (tests/tiers/need.sh).
 set -euo pipefail
 
-if [ $# -ne 2 ]; then
-    echo "usage: bash tests/manifests/setup.sh DIR PYTHON   (e.g. .venv-manifests python3.12)" >&2
+if [ $# -ne 3 ]; then
+    echo "usage: bash tests/manifests/setup.sh DIR PYTHON UV   (e.g. .venv-manifests python3.12 .venv-uv/bin/uv)" >&2
     exit 2
 fi
 DIR=$1
 PYTHON=$2
+UV=$3
 HERE=$(cd "$(dirname "$0")" && pwd)
-# The machine's pip config lists file:// indexes that do not exist; their warnings are noise (the Makefile's PIP_QUIET).
-pip_quiet() { { grep -v 'is ignored: it is neither a file nor a directory' || true; }; }
 
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-        echo "setup.sh: installing nodejs and npm (Debian packages)"
-        apt-get update -q >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q nodejs npm >/dev/null
-    else
-        echo "setup.sh: node and npm are needed: sudo apt-get install nodejs npm" >&2
-        exit 1
-    fi
-fi
+bash "$HERE/../tiers/need.sh" node=nodejs npm=npm
 
 rm -rf "$DIR"
-"$PYTHON" -m venv "$DIR"
+"$UV" venv --quiet --python "$PYTHON" "$DIR"
 DIR=$(cd "$DIR" && pwd)
-"$DIR/bin/pip" install -q -r "$HERE/requirements.txt" 2>&1 | pip_quiet
+"$UV" pip install --quiet --python "$DIR/bin/python" -r "$HERE/requirements.txt"
 
 # The inputs are copied beside what they built: the tests compare them with the checkout's, so stale tools fail.
 mkdir "$DIR/node"

@@ -87,7 +87,9 @@ class PoolFields(BaseModel):
     data_timeout_s: float = Field(
         default=30.0, gt=0, description="the data plane's, the card's and grading extensions' limit"
     )
-    startup_timeout_s: float = Field(default=60.0, gt=0, description="an instance's limit to come up")
+    # Past what a loaded host takes: agent-env's app imports its framework in tens of seconds on a quiet machine, and
+    # took over 60 s on two cores shared with other work. A start this slow is hung, not busy.
+    startup_timeout_s: float = Field(default=120.0, gt=0, description="an instance's limit to come up")
     # An RL run seeds in waves (a batch of rollouts, then a training step): long enough to keep instances across
     # the gap between waves, short enough to give memory back when a run pauses.
     instance_idle_s: float = Field(
