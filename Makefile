@@ -127,7 +127,7 @@ check:
 	$(MAKE) -j3 --output-sync=target lint typecheck test-unit
 
 test-unit: .venv/.installed
-	$(TIMED) unit -- .venv/bin/pytest -m "unit and not manifests"
+	$(TIMED) unit -- .venv/bin/pytest $(PARALLEL) -m "unit and not manifests"
 
 # deploy/'s manifests checked offline against the Kubernetes API schemas (kubernetes-validate), the Gateway API's
 # HTTPRoute (@kubernetes-models/gateway-api, npm) and Envoy's config (envoy-data-plane): tools in a venv of their own.
