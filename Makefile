@@ -51,7 +51,7 @@ new_venv = rm -rf $(1) && $(UV) venv --quiet --python $(2) $(1)
 # uv_install DIR ARGS: uv pip install ARGS into the venv at DIR.
 uv_install = $(UV) pip install --quiet --python $(1)/bin/python
 
-.PHONY: test test-tiers check venvs system-packages test-lowest test-replay-gym04 test-replay-gym07 test-verifiers-gym04 test-verifiers-gym07 lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-request-profile bench-layers bench-process-mode clean check-pythons check-py312 check-py313
+.PHONY: test test-tiers check venvs system-packages test-lowest test-replay-gym04 test-replay-gym07 test-verifiers-gym04 test-verifiers-gym07 lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-startup bench-request-profile bench-layers bench-process-mode clean check-pythons check-py312 check-py313
 
 check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -351,6 +351,11 @@ bench-layers: .venv-gym07/.installed
 bench-request-path: .venv-gym07/.installed
 	@$(NEED) wrk=wrk
 	cd benchmarks && ../.venv-gym07/bin/python request_path.py --baseline $(BASELINE)
+
+# A server's start before and after a change, on each nemo-gym version (benchmarks/startup.py): BASELINE=<revision>.
+bench-startup: .venv-gym04/.installed .venv-gym07/.installed
+	cd benchmarks && ../.venv-gym04/bin/python startup.py --baseline $(BASELINE)
+	cd benchmarks && ../.venv-gym07/bin/python startup.py --baseline $(BASELINE)
 
 clean:
 	rm -rf .test-times .venv .venv-uv .venv-gym04 .venv-gym07 .venv-openenv .venv-agentenv .venv-verifiers .venv-demo .venv-wheel .venv-manifests .venv-lowest .venv-lowest-gym dist site .pytest_cache .mypy_cache .ruff_cache

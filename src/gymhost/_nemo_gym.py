@@ -11,6 +11,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 
+from ._deferred_imports import defer_training_imports
 from ._exceptions import NemoGymNotInstalledError
 
 __all__ = [
@@ -66,11 +67,13 @@ def require_nemo_gym() -> str:
     """Import nemo-gym (and omegaconf), returning nemo-gym's version.
 
     Importing ``nemo_gym`` has process-wide side effects (0.7.0 reorders ``sys.path``, both versions replace
-    ``builtins.print``), so callers that adjust ``sys.path`` must do it after this call, not before.
+    ``builtins.print``), so callers that adjust ``sys.path`` must do it after this call, not before. Its training-time
+    dependencies are imported at first use (``_deferred_imports``).
     """
     for module in _REQUIRED:
         if importlib.util.find_spec(module) is None:
             raise NemoGymNotInstalledError(module)
+    defer_training_imports()
     importlib.import_module("nemo_gym")
     return importlib.metadata.version("nemo-gym")
 

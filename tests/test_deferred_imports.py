@@ -1,0 +1,72 @@
+"""Gym's training-time dependencies are imported at first use, and nothing a server or Gym computes changes.
+
+Each check runs in a fresh interpreter: what is imported is process-wide, and this process has nemo-gym already.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = [pytest.mark.nemo_gym]
+
+SERVING = """
+from gymhost._nemo_gym import require_nemo_gym
+require_nemo_gym()
+import nemo_gym.base_resources_server, nemo_gym.rollout_collection
+"""
+
+
+def run(code: str, *, deferred: bool = True) -> str:
+    prelude = SERVING if deferred else "import nemo_gym.base_resources_server, nemo_gym.rollout_collection\n"
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_serving_imports_none_of_gyms_reward_profiling_stack() -> None:
+    imported = run("import sys; print(sorted({'pandas', 'scipy', 'ray'} & set(sys.modules)))")
+    assert imported == "[]"
+
+
+def test_gyms_own_aggregate_metrics_are_the_same_and_then_use_the_real_pandas() -> None:
+    aggregate = """
+    import json
+    from nemo_gym import reward_profile
+    responses = [
+        {"reward": reward, "_ng_task_index": task, "_ng_rollout_index": rollout, "num_tool_calls": task + rollout}
+        for task in range(3) for rollout, reward in enumerate((1.0, 0.0, 1.0, float(task % 2)))
+    ]
+    metrics = reward_profile.compute_aggregate_metrics(responses).model_dump(mode="json")
+    import pandas
+    assert reward_profile.DataFrame is pandas.DataFrame, reward_profile.DataFrame
+    print(json.dumps(metrics, sort_keys=True))
+    """
+    deferred = json.loads(run(aggregate))
+    assert deferred["group_level_metrics"], deferred
+    assert deferred == json.loads(run(aggregate, deferred=False))
+
+
+def test_a_stand_in_is_the_object_to_isinstance_formatting_and_attributes() -> None:
+    checked = run(
+        """
+        import nemo_gym.reward_profile as profile
+        from gymhost._deferred_imports import _Deferred
+        stand_in = profile.__dict__["Series"]
+        assert isinstance(stand_in, _Deferred), "imported already"
+        import pandas
+        assert isinstance(pandas.Series([1]), stand_in)
+        assert issubclass(pandas.Series, stand_in)
+        assert profile.Series is pandas.Series
+        import wandb
+        assert f"{profile.Histogram}" == f"{wandb.Histogram}" and profile.Histogram.__name__ == "Histogram"
+        print("ok")
+        """
+    )
+    assert checked == "ok"
