@@ -76,16 +76,15 @@ check-pythons: check-py312 check-py313
 	touch $@
 
 lint: .venv/.installed
-	.venv/bin/ruff check .
-	.venv/bin/ruff format --check .
+	$(TIMED) lint -- bash -c '.venv/bin/ruff check . && .venv/bin/ruff format --check .'
 
 # The documentation site (MkDocs, Material theme), built offline; --strict fails on a broken link or a page left out.
 docs: .venv/.installed
-	NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(TIMED) docs -- .venv/bin/mkdocs build --strict --quiet --site-dir site
 
 # mypy runs where nemo-gym is installed, so the modules that use it are checked against it.
 typecheck: .venv-gym04/.installed
-	.venv-gym04/bin/mypy
+	$(TIMED) typecheck -- .venv-gym04/bin/mypy
 
 .venv-openenv/.installed: examples/openenv_sums/requirements.txt | $(UV) check-py312
 	$(call new_venv,.venv-openenv,$(PY312))
@@ -237,7 +236,7 @@ image-base:
 			http://deb.debian.org/debian | $(PODMAN) import --quiet - $(TRIXIE) >/dev/null; fi
 
 image: image-base
-	$(PODMAN) build --quiet --network host $(CONTAINER_LIMITS) \
+	$(TIMED) image -- $(PODMAN) build --quiet --network host $(CONTAINER_LIMITS) \
 		$$([ -f /etc/ssl/certs/ca-certificates.crt ] && echo -v /etc/ssl/certs/ca-certificates.crt:/etc/ssl/certs/ca-certificates.crt:ro) \
 		--build-arg BASE=$(BASE) --build-arg VERSION=$(VERSION) \
 		--build-arg SOURCE="$$(git remote get-url origin 2>/dev/null || true)" \

@@ -30,6 +30,7 @@ import httpx
 from gymhost import EpisodeClient
 from gymhost.environments import awrite_folder, write_folder
 
+from .processes import STATE_TIMEOUT_S
 from .verdicts import REFUSAL_STATUSES, read_verdict
 
 FAULTY_ENV = '''
@@ -326,7 +327,7 @@ def problems(outcomes: list[Outcome]) -> list[str]:
 # -- watching the server ------------------------------------------------------------------------------------------
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.1) -> Any:
+def wait_for(what: str, check: Callable[[], Any], timeout: float = STATE_TIMEOUT_S, interval: float = 0.1) -> Any:
     """Poll ``check`` until it answers something true; fail naming ``what`` and its last answer otherwise."""
     deadline = time.monotonic() + timeout
     while True:
@@ -338,7 +339,9 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 20.0, interva
         time.sleep(interval)
 
 
-async def await_for(what: str, check: Callable[[], Any], timeout: float = 20.0, interval: float = 0.1) -> Any:
+async def await_for(
+    what: str, check: Callable[[], Any], timeout: float = STATE_TIMEOUT_S, interval: float = 0.1
+) -> Any:
     """``wait_for`` for async tests: ``check`` is synchronous, the waiting is not."""
     deadline = time.monotonic() + timeout
     while True:

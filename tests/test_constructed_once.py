@@ -126,7 +126,7 @@ async def test_a_template_that_died_is_started_again_for_the_next_instance(tmp_p
     async with launched(tmp_path, 1) as (launcher, (first,)):
         before = template_pid(launcher)
         os.kill(before, signal.SIGKILL)
-        await asyncio.wait_for(launcher.exited(first), 10)  # it dies with its template
+        await asyncio.wait_for(launcher.exited(first), STATE_TIMEOUT_S)  # it dies with its template
         second = await launcher.launch(1, PoolSettings())
         try:
             await until_described(second)

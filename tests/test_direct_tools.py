@@ -32,6 +32,7 @@ from gymhost.environments._errors import EnvTimeoutError, McpSessionError
 from gymhost.environments._settings import PoolSettings
 
 from .agentenv_helpers import until_described
+from .processes import STATE_TIMEOUT_S
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -306,7 +307,7 @@ async def test_a_tool_that_stops_its_instance_process_fails_the_call_and_ends_th
         session = await over_channel(instance, None).open()
         with pytest.raises(GymhostError, match=r"the tool stopped its process"):
             await asyncio.wait_for(session.call_tool("leave", {}), 10)  # its own limit is 30 s
-        await asyncio.wait_for(instance.process.wait(), 10)
+        await asyncio.wait_for(instance.process.wait(), STATE_TIMEOUT_S)
 
 
 @pytest.mark.parametrize("path", PATHS)

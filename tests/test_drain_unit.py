@@ -17,6 +17,8 @@ import pytest
 from gymhost._drain import Drain, WorkerCounts
 from gymhost._sessions._identity import process_state
 
+from .processes import STATE_TIMEOUT_S
+
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
 
@@ -70,7 +72,7 @@ async def test_a_worker_holding_none_waits_for_a_sibling_that_has_not_said_and_o
     await polled_after(counts.folder)
     assert not waiting.done(), "worker 1 holds two episodes"
     counts.say(1, 0)
-    await asyncio.wait_for(waiting, 30)
+    await asyncio.wait_for(waiting, STATE_TIMEOUT_S)
     assert "drained: every open episode has ended" in caplog.text
     assert "stopping: no episode is open" not in caplog.text
 
@@ -83,7 +85,7 @@ async def test_a_sibling_gone_holds_nothing(counts: WorkerCounts) -> None:
     await polled_after(counts.folder)
     assert not waiting.done()
     counts.gone(1)  # killed with its three episodes: the supervisor says so
-    await asyncio.wait_for(waiting, 30)
+    await asyncio.wait_for(waiting, STATE_TIMEOUT_S)
 
 
 async def test_siblings_that_said_none_let_a_worker_holding_none_stop_at_once(
@@ -92,7 +94,7 @@ async def test_siblings_that_said_none_let_a_worker_holding_none_stop_at_once(
     counts.mark_draining()
     counts.say(1, 0)
     caplog.set_level(logging.INFO, "gymhost")
-    await asyncio.wait_for(holding(0).wait(60), 30)
+    await asyncio.wait_for(holding(0).wait(60), STATE_TIMEOUT_S)
     assert "stopping: no episode is open" in caplog.text
 
 
@@ -102,7 +104,7 @@ async def test_a_worker_signalled_alone_waits_for_its_own_episodes_only(
     """No mark: the replica is not draining (an operator stopped this worker, which the supervisor restarts)."""
     counts.say(1, 5)
     caplog.set_level(logging.INFO, "gymhost")
-    await asyncio.wait_for(holding(0).wait(60), 30)
+    await asyncio.wait_for(holding(0).wait(60), STATE_TIMEOUT_S)
     assert "stopping: no episode is open" in caplog.text
 
 
@@ -110,5 +112,5 @@ async def test_a_sibling_that_never_says_is_waited_for_until_the_timeout(
     counts: WorkerCounts, caplog: pytest.LogCaptureFixture
 ) -> None:
     counts.mark_draining()
-    await asyncio.wait_for(holding(0).wait(0.5), 30)
+    await asyncio.wait_for(holding(0).wait(0.5), STATE_TIMEOUT_S)
     assert "drain timeout: a worker never said how many episodes it holds" in caplog.text

@@ -25,6 +25,7 @@ from gymhost import EpisodeClient
 from .agentenv_helpers import pool_status_of
 from .fault_helpers import await_for, is_failure_kind, play_right, the_row, wait_for, write_faulty
 from .processes import (
+    STATE_TIMEOUT_S,
     ServerProcess,
     alive,
     assert_stopped_cleanly,
@@ -218,10 +219,14 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
             assert len(started) == 3, started  # the hanging instance, the idle one, the replacement
             started.append(template)
             server.process.send_signal(signal.SIGKILL)
-            server.process.wait(10)
+            server.process.wait(STATE_TIMEOUT_S)
             with pytest.raises(httpx.TransportError):
-                await asyncio.wait_for(hanging, 10)
-    wait_for(f"every instance {started} dies with the server", lambda: not any(alive(pid) for pid in started), 5)
+                await asyncio.wait_for(hanging, STATE_TIMEOUT_S)
+    wait_for(
+        f"every instance {started} dies with the server",
+        lambda: not any(alive(pid) for pid in started),
+        STATE_TIMEOUT_S,
+    )
 
 
 def any_instance_hanging(base: str) -> bool:

@@ -26,6 +26,8 @@ from gymhost._sessions._identity import process_state
 from gymhost._sessions._owner import OWNER_KEY, head_owner
 from gymhost._sessions._signing import _SALT, OwnedSerializer
 
+from .processes import CALL_TIMEOUT_S, STATE_TIMEOUT_S
+
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
 REPLICA = "replica-under-test"
@@ -132,7 +134,7 @@ async def request(port: int, request_head: bytes, pause: float = 0.0, before: fl
         writer.write(request_head[20:])
     else:
         writer.write(request_head)
-    answer = await asyncio.wait_for(reader.read(), 10)
+    answer = await asyncio.wait_for(reader.read(), CALL_TIMEOUT_S)
     writer.close()
     return answer.decode().rpartition("\r\n\r\n")[2]
 
@@ -201,9 +203,9 @@ async def test_a_sibling_too_busy_to_take_a_connection_leaves_it_served_here(
                 return ""
 
         calls = [asyncio.create_task(answered()) for _ in range(600)]
-        for _ in range(300):  # every connection accepted and routed, one way or the other
-            if handoffs("owner_busy") - busy + handoffs("sent") - sent == len(calls):
-                break
+        routed = asyncio.get_running_loop().time() + STATE_TIMEOUT_S
+        while handoffs("owner_busy") - busy + handoffs("sent") - sent < len(calls):  # each, one way or the other
+            assert asyncio.get_running_loop().time() < routed, "connections were left unrouted"
             await asyncio.sleep(0.1)
         stuck.close()  # the sibling gone: what it held is closed
         answers = await asyncio.gather(*calls)

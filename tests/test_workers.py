@@ -119,7 +119,7 @@ async def post_in_pieces(url: str, path: str, body: dict[str, Any], cookies: htt
     await writer.drain()
     await asyncio.sleep(0.5)  # long enough for a worker on a busy machine to take it and read the first piece
     writer.write(head[24:] + data)
-    answer = await asyncio.wait_for(reader.read(), 30)
+    answer = await asyncio.wait_for(reader.read(), CALL_TIMEOUT_S)
     writer.close()
     return int(answer.split(b" ", 2)[1])
 
