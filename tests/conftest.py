@@ -8,12 +8,18 @@ passes would hide exactly the breakage it exists to catch.
 from __future__ import annotations
 
 import importlib.util
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 TIERS = {"unit", "nemo_gym"}
 REPO = Path(__file__).resolve().parent.parent
+
+# A server with no GYMHOST_SECRET keeps the secret it makes in the user's state directory: the servers the tests
+# start keep theirs in the run's temporary folder (make test removes it), never in the home of whoever runs them.
+os.environ["XDG_STATE_HOME"] = str(Path(tempfile.gettempdir()) / "gymhost-tests-state")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

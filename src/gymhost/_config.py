@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import enum
 import os
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +53,7 @@ __all__ = [
     "configured_secret",
     "resolve_masked_verdicts",
     "resolve_token",
+    "secret_file",
     "share_secret_with_children",
     "take_parent_pid",
     "venv_root",
@@ -82,11 +82,24 @@ def configured_secret() -> str | None:
     return os.environ.get(SECRET_ENV_VAR) or None
 
 
-def share_secret_with_children() -> None:
-    """Before forking workers: one secret they all sign with (each one's own would refuse its siblings' cookies),
-    made now unless the operator gave one, and gone with them."""
+def secret_file() -> Path | None:
+    """Where the secret gymhost makes when ``GYMHOST_SECRET`` is unset is kept, for this server's next start on this
+    machine to find: the user's state directory (``$XDG_STATE_HOME``, else ``~/.local/state``); None for a user with
+    no home (a container's user with no ``HOME`` and no entry in ``/etc/passwd``)."""
+    state = os.environ.get("XDG_STATE_HOME")
+    if not state:
+        try:
+            state = str(Path.home() / ".local" / "state")
+        except (RuntimeError, KeyError):
+            return None
+    return Path(state) / "gymhost" / "secret"
+
+
+def share_secret_with_children(secret: str) -> None:
+    """Before forking workers: the one secret they all sign with (each one's own would refuse its siblings'
+    cookies), unless the operator gave one."""
     if configured_secret() is None:
-        os.environ[SECRET_ENV_VAR] = secrets.token_urlsafe(32)
+        os.environ[SECRET_ENV_VAR] = secret
 
 
 def configured_replica_id() -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping
 from typing import Any, cast
 
-__all__ = ["BODY", "CLIENT_PATH", "FORWARDED", "MOUNT", "MOUNTS", "ScopeKey", "StateKey"]
+__all__ = ["BODY", "CLIENT_PATH", "FORWARDED", "MOUNT", "MOUNTS", "UNVERIFIED_OWNER", "ScopeKey", "StateKey"]
 
 _MISSING = object()
 
@@ -55,6 +55,9 @@ BODY: ScopeKey[bytes] = ScopeKey("gymhost.body")
 FORWARDED: ScopeKey[bool] = ScopeKey("gymhost.forwarded")
 # The path as the client sent it, before a rollout prefix was taken off (a forward sends this one).
 CLIENT_PATH: ScopeKey[bytes] = ScopeKey("gymhost.raw_path")
+# A session cookie gymhost signed that this process cannot verify (another secret: a restart without a kept secret,
+# a replica with another): the owner its unchecked payload names. Its episode is lost (``_sessions._ownership``).
+UNVERIFIED_OWNER: ScopeKey[Any] = ScopeKey("gymhost.unverified_owner")
 
 # -- on an app (state) ------------------------------------------------------------------------------------------
 

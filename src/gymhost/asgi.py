@@ -15,20 +15,17 @@ importing this module, and a traceback through its importer would bury the messa
 
 from __future__ import annotations
 
-import logging
-
 from ._config import (
     FOLDER_ENV_VAR,
     FOLDERS_SPLIT_NOTE,
-    SECRET_ENV_VAR,
     ServeConfig,
     configured_folders,
-    configured_secret,
 )
 from ._exceptions import FolderError, GymhostError
 from ._serving._foreign_workers import refuse_foreign_workers
 from ._serving._run import freeze_imported_heap
 from ._serving._server import Server
+from ._sessions._signing import describe_secret
 
 __all__ = ["ENV_VAR", "app"]
 
@@ -44,7 +41,10 @@ def _app_from_environment() -> object:
             f"e.g. {ENV_VAR}=path/to/resources_servers/my_server uvicorn asgi:app"
         )
     try:  # a folder, a Gym root, or an installed Gym server's name; built as gymhost serve builds it
-        return Server(ServeConfig(paths=folders)).load()
+        server = Server(ServeConfig(paths=folders))
+        app = server.load()
+        server.say(describe_secret())  # where a restart finds it, and what replicas need
+        return app
     except GymhostError as error:
         note = f" ({FOLDERS_SPLIT_NOTE})" if isinstance(error, FolderError) and len(folders) > 1 else ""
         raise SystemExit(f"gymhost: {ENV_VAR}={' '.join(folders)}: {error}{note}") from None
@@ -52,12 +52,4 @@ def _app_from_environment() -> object:
 
 app = _app_from_environment()
 
-if configured_secret() is None:
-    # Replicas forward each other's requests by the sessions they signed; a random secret is this process's alone.
-    logging.getLogger("gymhost").warning(
-        "%s is not set: sessions are signed with a secret made at this start, so replicas behind one load balancer "
-        "cannot forward each other's requests; give every replica the same %s",
-        SECRET_ENV_VAR,
-        SECRET_ENV_VAR,
-    )
 freeze_imported_heap()

@@ -84,10 +84,12 @@ class Server:
     def __init__(self, config: ServeConfig, *, say: Callable[[str], None] = _print) -> None:
         self.config = config
         self.say = say
+        self._secret = ""  # what sessions are signed with, in words (``_signing.describe_secret``)
 
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT (a first one drains, a second stops at once)."""
         from .._sessions._identity import process_state
+        from .._sessions._signing import describe_secret
 
         config = self.config
         target = self._resolve()
@@ -95,6 +97,7 @@ class Server:
         if parent is not None:  # another gymhost process started this one (a gateway's process mount): die with it
             process_state.follow_parent(parent)
         remove_orphaned()  # what a server killed before this start left behind
+        self._secret = describe_secret()  # said with the start line; before workers share the secret
         with _dying_by_sigterm_after_cleanup():
             shared = self._share(target)
             try:
@@ -216,6 +219,7 @@ class Server:
         logging.config.dictConfig(logging_config(config.log_format, config.log_level))
         app = self._build(target, sock.getsockname()[:2] if config.uds is None else None)
         self.say(f"serving {target.name} at {url_of(sock)}{self._mounts(target, app)}")
+        self.say(self._secret)
         if workers_folder is not None:
             self.say(f"{config.workers} workers")
             serve_workers(app, sock, config, config.workers, workers_folder, run_app)

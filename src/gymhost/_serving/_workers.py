@@ -45,6 +45,7 @@ from .._exceptions import GymhostError, ServeError
 from .._metrics import share_metrics
 from .._scratch import remove_orphaned, scratch_folder
 from .._sessions._identity import process_state
+from .._sessions._signing import process_secret
 from ._run import bind_unix_socket
 
 __all__ = ["prepare_workers", "serve_workers"]
@@ -62,7 +63,7 @@ def prepare_workers() -> Path:
     random secret would refuse its siblings' cookies)."""
     folder = scratch_folder("workers")
     share_metrics(folder / "metrics")
-    share_secret_with_children()
+    share_secret_with_children(process_secret())
     return folder
 
 

@@ -9,14 +9,17 @@ cookie to every other mount, and the same server mounted twice shares one sessio
 
 - the cookie keeps Gym's name, so clients that keep the cookies of ``/seed_session`` work unchanged;
 - its path is the mount prefix (``scope["root_path"]``), so a cookie goes back only to the server that set it;
-- it is signed with ``GYMHOST_SECRET`` (or a random secret made once per process) and salted with the mount
-  prefix, so a cookie from one mount, or one signed with Gym's public key, starts a new session instead;
+- it is signed with the process secret (``_signing``: ``GYMHOST_SECRET``, or the one gymhost keeps) and salted with
+  the mount prefix, so a cookie from one mount, or one signed with Gym's public key, starts a new session instead;
+  but a cookie gymhost stamped that does not verify here (signed with another secret: this server before a restart
+  with a secret of that start alone, or a replica with another) names an episode that is lost, not a new one: its
+  unchecked owner goes on the scope (``UNVERIFIED_OWNER``) for ``_ownership`` to answer;
 - every session gets a ``session_id``, and the cookie is sent on every response, as Gym's middleware does;
 - a new session is stamped with the process that made it (``gymhost_owner``: its replica id and this start of it),
   so another process can tell the session is not its own (``ownership``).
 
-Several workers or replicas behind one load balancer must share ``GYMHOST_SECRET``, or each refuses the others'
-cookies.
+Several replicas behind one load balancer must share ``GYMHOST_SECRET``, or each answers the others' episodes as
+lost.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from itsdangerous.exc import BadSignature
 from starlette.middleware.sessions import Session
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .._keys import FORWARDED
+from .._keys import FORWARDED, UNVERIFIED_OWNER
 from ._identity import process_state
-from ._owner import OWNER_KEY, is_stamp_only, stamp
+from ._owner import OWNER_KEY, is_stamp_only, stamp, unchecked_cookie_owner
 from ._signing import process_secret
 
 __all__ = ["SESSION_ID_KEY", "GymSessionMiddleware"]
@@ -131,7 +134,8 @@ class GymSessionMiddleware:
         return signer
 
     def _load(self, scope: Scope, mount: str, signer: itsdangerous.TimestampSigner) -> _Verified | None:
-        """What the request's cookie carries, if it is validly signed for this mount."""
+        """What the request's cookie carries, if it is validly signed for this mount; if it is gymhost's but not
+        (another secret's), the owner it names goes on the scope."""
         raw = self._cookie(scope)
         if not raw:
             return None
@@ -149,6 +153,9 @@ class GymSessionMiddleware:
                 payload, signed = signer.unsign(raw.encode(), max_age=self.max_age, return_timestamp=True)
                 known = _Verified(signed.timestamp(), b64decode(payload).decode(), self._header(raw, mount or "/"))
             except (BadSignature, ValueError):
+                owner = unchecked_cookie_owner(raw.encode("latin-1"))
+                if owner is not None and not process_state.is_mine(owner):  # (this one's: another mount's cookie)
+                    UNVERIFIED_OWNER.set(scope, owner)
                 return None
             self._verified[key] = known
         return known

@@ -5,7 +5,9 @@ One codec, so that the stamp's format changes in one place:
 - ``stamp`` writes this process's ``Owner`` into a session's or a token's payload, and ``owner_of`` reads it from a
   payload whose signature was checked (the session cookie's middleware, the MCP token's serializer);
 - ``head_owner`` reads it from a raw request head, unchecked, before anything parses the request (a worker handing a
-  connection to the worker that owns it, ``_serving._handoff``). It knows the cookie's layout (``_cookie``:
+  connection to the worker that owns it, ``_serving._handoff``); ``unchecked_cookie_owner`` and
+  ``unchecked_token_owner`` read it from a cookie or a token whose signature did not check (one signed with another
+  secret: its episode is lost, ``_ownership``). It knows the cookie's layout (``_cookie``:
   ``base64(json).timestamp.signature``) and the token's (itsdangerous's ``payload.signature``). Unchecked is enough
   there: the owner checks the signature as for any request, so a forged stamp costs at most a forward.
 """
@@ -20,7 +22,17 @@ from typing import Any
 
 from itsdangerous import URLSafeSerializer
 
-__all__ = ["OWNER_KEY", "TOKEN_HEADER", "Owner", "head_owner", "is_stamp_only", "owner_of", "stamp"]
+__all__ = [
+    "OWNER_KEY",
+    "TOKEN_HEADER",
+    "Owner",
+    "head_owner",
+    "is_stamp_only",
+    "owner_of",
+    "stamp",
+    "unchecked_cookie_owner",
+    "unchecked_token_owner",
+]
 
 # {"replica": id, "worker": index, "start": this start's nonce, "url": where the replica listens, if it said}
 Owner = dict[str, Any]
@@ -58,26 +70,28 @@ def head_owner(head: bytes) -> Any:
         name, _, value = line.partition(b":")
         name = name.strip().lower()
         if name == _TOKEN:
-            owner = _token_owner(value.strip())
+            owner = unchecked_token_owner(value.strip())
             if owner is not None:
                 return owner
         elif name == b"cookie":
             cookies.append(value)
     for header in cookies:
         for part in header.split(b";"):
-            owner = _cookie_owner(part.partition(b"=")[2].strip().strip(b'"'))
+            owner = unchecked_cookie_owner(part.partition(b"=")[2].strip().strip(b'"'))
             if owner is not None:
                 return owner
     return None
 
 
-def _token_owner(token: bytes) -> Any:
+def unchecked_token_owner(token: bytes) -> Any:
+    """The owner an MCP token's payload names, its signature unchecked (None: not one of gymhost's tokens)."""
     with contextlib.suppress(Exception):  # not one of gymhost's tokens: the owner-less request is served here
         return owner_of(_payloads.load_payload(token.rpartition(b".")[0]))
     return None
 
 
-def _cookie_owner(value: bytes) -> Any:
+def unchecked_cookie_owner(value: bytes) -> Any:
+    """The owner a session cookie's payload names, its signature unchecked (None: not one of gymhost's cookies)."""
     if value.count(b".") < 2:
         return None
     with contextlib.suppress(ValueError):

@@ -15,6 +15,10 @@ convention of Gym's own session routing (a session whose owner is gone is 410):
 - any other POST of the session (a tool call, ``/close_session``, an MCP call with another process's token): 410,
   naming the owner.
 
+A cookie or token gymhost stamped that does not verify here was signed with another secret (``_signing``: this
+server before a restart that kept no secret, or a replica with another): its episode is lost the same way, never
+played or graded here as a new one.
+
 An owner that is alive but too busy to accept the forward (``_forwarding``'s ``BUSY``) still holds the episode:
 that request is answered 503 with ``Retry-After``, and the episode goes on when the client retries.
 """
@@ -29,7 +33,7 @@ from typing import Any
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .._asgi import answer_json, path_below_mount, read_body, replay
-from .._keys import BODY
+from .._keys import BODY, UNVERIFIED_OWNER
 from .._metrics import EpisodeMetrics
 from .._nemo_gym import SESSION_LOST
 from ..middleware.masked_verdicts import VERDICT_FIELDS
@@ -43,6 +47,7 @@ __all__ = ["SessionOwnershipMiddleware"]
 
 _SESSION_FREE = frozenset({"/aggregate_metrics"})  # POST routes that need no session
 _TOKEN_HEADER = TOKEN_HEADER.encode()
+_ANOTHER_SECRET = ", signed with another secret than this process's"
 
 
 class SessionOwnershipMiddleware:
@@ -67,6 +72,9 @@ class SessionOwnershipMiddleware:
         token = next((value for name, value in scope["headers"] if name == _TOKEN_HEADER), None)
         if token is not None:
             valid, owner = token_owner(self.server_key, token.decode("latin-1"))
+            if not valid and owner is not None and not process_state.is_mine(owner):
+                await self._gone(scope, receive, send, owner, _ANOTHER_SECRET)
+                return
             if valid and not process_state.is_mine(owner):
                 outcome = await self._forward(scope, receive, send, owner)
                 if outcome is Forwarded.BUSY:
@@ -74,6 +82,10 @@ class SessionOwnershipMiddleware:
                 elif outcome is Forwarded.GONE:
                     await self._gone(scope, receive, send, owner)
                 return
+        unverified = UNVERIFIED_OWNER.get(scope)
+        if unverified is not None and path not in _SESSION_FREE and path not in self.starts:
+            await self._lost(scope, receive, send, path, unverified, _ANOTHER_SECRET)
+            return  # (a seed starts a new episode here, in the new session the cookie layer gave it)
         session = scope.get("session")
         if session is not None and path not in _SESSION_FREE and not process_state.is_mine(owner_of(session)):
             owner = owner_of(session)
@@ -110,9 +122,9 @@ class SessionOwnershipMiddleware:
         detail = f"this session belongs to {process_state.describe(owner)}, which is too busy to answer; retry"
         await answer_json(scope, receive, send, 503, {"detail": detail, "owner": owner}, {"Retry-After": "1"})
 
-    async def _lost(self, scope: Scope, receive: Receive, send: Send, path: str, owner: Any) -> None:
+    async def _lost(self, scope: Scope, receive: Receive, send: Send, path: str, owner: Any, why: str = "") -> None:
         if path != "/verify":
-            await self._gone(scope, receive, send, owner)
+            await self._gone(scope, receive, send, owner, why)
             return
         body = BODY.pop(scope)
         if body is None:
@@ -124,11 +136,11 @@ class SessionOwnershipMiddleware:
         if not isinstance(request, dict):
             request = {}
         fields = {key: value for key, value in request.items() if key not in VERDICT_FIELDS}
-        reason = f"this session belongs to {process_state.describe(owner)}; its episode cannot be verified here"
+        reason = f"this session belongs to {process_state.describe(owner)}{why}; its episode cannot be verified here"
         verdict = {**fields, "reward": 0.0, "mask_sample": True, "failure_kind": SESSION_LOST, "failure_reason": reason}
         self.metrics.ended("masked", SESSION_LOST)
         await answer_json(scope, receive, send, 200, verdict)
 
-    async def _gone(self, scope: Scope, receive: Receive, send: Send, owner: Any) -> None:
-        detail = f"this session belongs to {process_state.describe(owner)}; its episode is not here"
+    async def _gone(self, scope: Scope, receive: Receive, send: Send, owner: Any, why: str = "") -> None:
+        detail = f"this session belongs to {process_state.describe(owner)}{why}; its episode is not here"
         await answer_json(scope, receive, send, 410, {"detail": detail, "failure_kind": SESSION_LOST, "owner": owner})
