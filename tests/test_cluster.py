@@ -98,7 +98,9 @@ class Cluster:
             "ip", "netns", "exec", f"ghr{i}",
             *gymhost_command(
                 "serve", str(self.root), "--host", "0.0.0.0", "--port", "8000", "--replica-id", f"r{i}",
-                "--advertise-url", self.address(i), "--drain-timeout", "60",
+                # The drain ends when the episodes do: its bound only ends one that never would, far past what a
+                # loaded machine takes to play a drained replica's episodes.
+                "--advertise-url", self.address(i), "--drain-timeout", "300",
                 "--no-token",  # reached only inside this test's network namespaces
             ),
         ]  # fmt: skip

@@ -13,8 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
-from gymhost._drain import Drain, WorkerCounts
+from gymhost import _drain
+from gymhost._drain import Drain, DrainingMiddleware, WorkerCounts
 from gymhost._sessions._identity import process_state
 
 from .processes import STATE_TIMEOUT_S
@@ -114,3 +116,42 @@ async def test_a_sibling_that_never_says_is_waited_for_until_the_timeout(
     counts.mark_draining()
     await asyncio.wait_for(holding(0).wait(0.5), STATE_TIMEOUT_S)
     assert "drain timeout: a worker never said how many episodes it holds" in caplog.text
+
+
+async def test_a_seed_being_answered_when_the_drain_begins_is_waited_for(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A seed that passed the door before the drain began (an instance starting for it) is an episode about to be
+    open: the drain waits for it instead of stopping and losing the episode the seed then answers."""
+    process = Drain()
+    monkeypatch.setattr(_drain, "drain", process)
+    monkeypatch.setattr(process_state, "workers_dir", None)
+    monkeypatch.setattr(process_state, "parent", None)
+    caplog.set_level(logging.INFO, "gymhost")
+    answering, answer = asyncio.Event(), asyncio.Event()
+    sent: list[Message] = []
+
+    async def seed_route(scope: Scope, receive: Receive, send: Send) -> None:
+        answering.set()
+        await answer.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"{}"}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    door = DrainingMiddleware(seed_route, starts={"/seed_session"})
+    scope = {"type": "http", "method": "POST", "path": "/seed_session", "root_path": "", "headers": []}
+    seed = asyncio.create_task(door(scope, receive, send))
+    await answering.wait()
+    draining = asyncio.create_task(process.wait(60))
+    await until(lambda: "waiting up to 60s for 1 open episode(s)" in caplog.text)
+    assert not draining.done()
+    answer.set()
+    await asyncio.wait_for(asyncio.gather(seed, draining), STATE_TIMEOUT_S)
+    assert sent[0]["status"] == 200
+    assert "drained: every open episode has ended" in caplog.text
+    assert "stopping: no episode is open" not in caplog.text

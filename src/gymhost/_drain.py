@@ -17,7 +17,9 @@ holding none of the episodes stop at once). A sibling that dies says nothing mor
 
 ``DrainingMiddleware`` is the drain at an app's door: while the process drains, a seed (or a Gymnasium-style reset)
 answers 503 with ``Retry-After`` and ``failure_kind: provider_unavailable``, so a load balancer or client takes the
-episode elsewhere; open episodes go on.
+episode elsewhere; open episodes go on. A seed that came in before the drain began and is still being answered (an
+instance starting for it) counts as open until it is answered: its episode is about to be, and a drain that
+stopped then would answer the seed and lose the episode it started.
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ class WorkerCounts:
 class Drain:
     def __init__(self) -> None:
         self.draining = False
+        self.seeding = 0  # seeds being answered now (``DrainingMiddleware``): each will be an open episode
         self._signals = 0
         self._open: dict[int, Callable[[], int]] = {}
         self._lock = threading.Lock()
@@ -146,10 +149,10 @@ class Drain:
         return forget
 
     def own_episodes(self) -> int:
-        """The episodes open in this process's apps."""
+        """The episodes open in this process's apps, and those whose seeds are being answered."""
         with self._lock:
             counts = list(self._open.values())
-        return sum(count() for count in counts)
+        return self.seeding + sum(count() for count in counts)
 
     def _open_episodes(self, siblings: WorkerCounts | None) -> int | None:
         """The episodes to wait for: this process's, said to its siblings (a worker's), and, when the whole replica
@@ -204,8 +207,14 @@ class DrainingMiddleware:
         self.starts = frozenset(starts)  # the POST paths that start an episode
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        http = scope["type"] == "http" and scope["method"] == "POST"
-        if drain.draining and http and path_below_mount(scope) in self.starts:
+        seed = scope["type"] == "http" and scope["method"] == "POST" and path_below_mount(scope) in self.starts
+        if not seed:
+            await self.app(scope, receive, send)
+        elif drain.draining:
             await answer_json(scope, receive, send, 503, REFUSAL, {"Retry-After": "5"})
-            return
-        await self.app(scope, receive, send)
+        else:
+            drain.seeding += 1
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                drain.seeding -= 1
