@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import tempfile
 from base64 import b64encode
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,14 @@ class Worker:
         return Answer()
 
 
+@pytest.fixture
+def workers_dir() -> Iterator[Path]:
+    """The workers' folder, short: a Unix socket's path has at most 107 bytes, and pytest's ``tmp_path`` under the run's
+    temporary folder, with a long test name, can pass it."""
+    with tempfile.TemporaryDirectory(prefix="handoff-") as folder:
+        yield Path(folder)
+
+
 @asynccontextmanager
 async def worker_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Worker, int]]:
     """Worker 0 of a replica, accepting on a loopback port, with a sibling worker 1 that accepts nothing itself."""
@@ -144,10 +153,10 @@ def handoffs(outcome: str) -> float:
 
 
 async def test_a_connection_goes_to_the_worker_owning_its_session(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    workers_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sent = handoffs("sent")
-    async with worker_zero(tmp_path, monkeypatch) as (zero, port):
+    async with worker_zero(workers_dir, monkeypatch) as (zero, port):
         assert await request(port, head(f"Cookie: GridSim___gridsim={cookie(1)}")) == "worker 1"
         assert await request(port, head(f"x-nemo-gym-session-token: {token(1)}")) == "worker 1"
         assert await request(port, head(f"Cookie: GridSim___gridsim={cookie(0)}")) == "worker 0", "its own"
@@ -159,16 +168,16 @@ async def test_a_connection_goes_to_the_worker_owning_its_session(
 
 
 async def test_what_cannot_be_handed_over_is_served_where_it_landed(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    workers_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_handoff, "_WAIT_S", 0.1)
-    async with worker_zero(tmp_path, monkeypatch) as (zero, port):
+    async with worker_zero(workers_dir, monkeypatch) as (zero, port):
         # silent past the wait: served here, where the server's own protocol reads it when it comes
         assert await request(port, head(f"Cookie: a={cookie(1)}"), before=0.3) == "worker 0"
         # a head in pieces names no owner in its first segment: served here (and forwarded, in a real worker)
         assert await request(port, head(f"Cookie: a={cookie(1)}"), pause=0.2) == "worker 0"
         gone = handoffs("owner_gone")
-        (tmp_path / "worker-1.handoff").unlink()  # worker 1 is gone: its socket with it
+        (workers_dir / "worker-1.handoff").unlink()  # worker 1 is gone: its socket with it
         zero.acceptor._hand_off.close()  # type: ignore[union-attr]  # (and the connection worker 0 kept to it)
         assert await request(port, head(f"Cookie: a={cookie(1)}")) == "worker 0"
         assert handoffs("owner_gone") == gone + 1
@@ -176,21 +185,21 @@ async def test_what_cannot_be_handed_over_is_served_where_it_landed(
 
 
 async def test_a_sibling_too_busy_to_take_a_connection_leaves_it_served_here(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    workers_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A sibling that takes nothing from its hand-off socket (stuck, or under a burst) fills it: the connections
     past what the socket holds are served where they landed (forwarded, in a real worker), each counted. Those it
     holds end with it, as the requests a stuck worker holds do."""
     monkeypatch.setattr(process_state, "replica", REPLICA)
     monkeypatch.setattr(process_state, "worker", 0)
-    monkeypatch.setattr(process_state, "workers_dir", str(tmp_path))
+    monkeypatch.setattr(process_state, "workers_dir", str(workers_dir))
     stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    stuck.bind(str(tmp_path / "worker-1.handoff"))
+    stuck.bind(str(workers_dir / "worker-1.handoff"))
     stuck.listen(4)  # connected to, never read
     listening = socket.socket()
     listening.bind(("127.0.0.1", 0))
     listening.listen(1024)
-    zero = Worker(0, listening, tmp_path)
+    zero = Worker(0, listening, workers_dir)
     zero.acceptor.start()
     busy, sent = handoffs("owner_busy"), handoffs("sent")
     port = listening.getsockname()[1]
