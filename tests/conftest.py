@@ -35,6 +35,15 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError("the nemo_gym tier needs nemo-gym installed; run it through `make test`")
 
 
+@pytest.fixture(autouse=True)
+def secrets_of_this_test_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gymhost takes GYMHOST_SECRET and GYMHOST_TOKEN out of the environment as it reads them, and keeps them for
+    the life of the process (``_config.take_secrets``): each test starts with none taken, as a process starts."""
+    from gymhost import _config
+
+    monkeypatch.setattr(_config, "_taken", {})
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

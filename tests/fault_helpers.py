@@ -37,6 +37,7 @@ FAULTY_ENV = '''
 import asyncio
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from agentenv_protocol import AgentEnvEnvironment, DataPart, add_data, environment_card, get_data, reset_data, tool
@@ -68,7 +69,8 @@ class Breaking:
 @environment_card(name="faulty")
 class FaultyEnv(AgentEnvEnvironment):
     def __init__(self) -> None:
-        time.sleep(float(os.environ.get("FAULTY_START_DELAY", "0")))  # a slow start, when a test wants one
+        delay = Path(__file__).with_name("start_delay")  # a slow start, when a test wants one (write_faulty)
+        time.sleep(float(delay.read_text()) if delay.exists() else 0.0)
         self.count = 0
         self.hanging = False  # a tool call is hanging (data/get says so, for tests to see it is in progress)
         self.break_next: tuple[str, str] | None = None  # (path, "garbage" or "hang"): how its next reply breaks
@@ -179,24 +181,27 @@ def is_failure_kind(kind: object) -> bool:
     return isinstance(kind, str) and (kind in FAILURE_KINDS or NAMESPACED_KIND.fullmatch(kind) is not None)
 
 
-def make_faulty_bundle(root: Path) -> Path:
+def make_faulty_bundle(root: Path, start_delay: float = 0.0) -> Path:
+    """The bundle; its environment's constructor sleeps ``start_delay`` seconds (a file beside ``env.py``: an
+    instance's environment holds none of the server's variables)."""
     bundle = root / "faulty_v1"
     (bundle / "tasks").mkdir(parents=True)
     (bundle / "env.py").write_text(FAULTY_ENV)
     (bundle / "tasks" / "eval.jsonl").write_text(json.dumps(FAULTY_TASK) + "\n")
+    if start_delay:
+        (bundle / "start_delay").write_text(str(start_delay))
     return bundle
 
 
-def write_faulty(root: Path, *, mode: str = "process", instances: int = 1) -> Path:
+def write_faulty(root: Path, *, mode: str = "process", instances: int = 1, start_delay: float = 0.0) -> Path:
     """The faulty bundle written as a Gym resources-server folder; answers the folder."""
-    return write_folder(
-        str(make_faulty_bundle(root / "bundles")), root / "written", mode=mode, instances=instances
-    ).path
+    bundle = make_faulty_bundle(root / "bundles", start_delay)
+    return write_folder(str(bundle), root / "written", mode=mode, instances=instances).path
 
 
-async def awrite_faulty(root: Path, *, mode: str = "process", instances: int = 1) -> Path:
+async def awrite_faulty(root: Path, *, mode: str = "process", instances: int = 1, start_delay: float = 0.0) -> Path:
     """``write_faulty`` for async code."""
-    bundle = make_faulty_bundle(root / "bundles")
+    bundle = make_faulty_bundle(root / "bundles", start_delay)
     return (await awrite_folder(str(bundle), root / "written", mode=mode, instances=instances)).path
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -120,6 +121,19 @@ def test_asgi_module_without_folder_variable_exits_with_one_line(value: str) -> 
     assert "Traceback" not in result.stderr
 
 
+def test_secret_settings_read_are_gone_from_what_other_processes_can_read() -> None:
+    """``/proc/PID/environ`` shows every process of the user the environment as it was at ``exec``, whatever
+    ``unsetenv`` did since: gymhost overwrites the secret values there too as it takes them."""
+    code = (
+        "import os; from gymhost._config import take_secrets; take_secrets(); "
+        "block = open('/proc/self/environ', 'rb').read(); "
+        "print(b'keep-me-hidden' in block, b'the-token' in block, 'GYMHOST_SECRET' in os.environ, b'KEPT=1' in block)"
+    )
+    env = {**os.environ, "GYMHOST_SECRET": "keep-me-hidden", "GYMHOST_TOKEN": "the-token", "KEPT": "1"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "False", "False", "True"], done.stdout + done.stderr
+
+
 def test_a_serve_config_made_in_python_reads_the_token_as_the_command_line_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -129,7 +143,9 @@ def test_a_serve_config_made_in_python_reads_the_token_as_the_command_line_does(
 
     monkeypatch.setenv("GYMHOST_TOKEN", "from-the-environment")
     assert ServeConfig().app.token == "from-the-environment"
-    monkeypatch.delenv("GYMHOST_TOKEN")
+    assert "GYMHOST_TOKEN" not in os.environ, "read, and taken out of the environment nothing hosted may read"
+    assert ServeConfig().app.token == "from-the-environment", "kept for the life of the process"
+    monkeypatch.setenv("GYMHOST_TOKEN", "")  # set again, empty: unset
     assert ServeConfig().app.token is None
     monkeypatch.setenv("GYMHOST_DRAIN_TIMEOUT", "300")
     assert ServeConfig().drain_timeout == 300
@@ -138,3 +154,11 @@ def test_a_serve_config_made_in_python_reads_the_token_as_the_command_line_does(
         ServeConfig()
     monkeypatch.delenv("GYMHOST_DRAIN_TIMEOUT")
     assert ServeConfig().drain_timeout == 120
+
+
+def test_the_reference_names_every_variable_hosted_code_is_given() -> None:
+    """docs/reference/cli.md lists the allow-list a process of hosted code starts with: the code's list, in full."""
+    from gymhost._confinement import PASSED
+
+    reference = (REPO / "docs" / "reference" / "cli.md").read_text()
+    assert not [name for name in sorted(PASSED) if f"`{name}`" not in reference]

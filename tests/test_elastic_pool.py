@@ -25,29 +25,32 @@ pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("
 
 BASE = "http://elastic.test"
 
-# The counter environment, recording when each instance's constructor starts and ends (to a file the test names),
-# and taking a while to start: so overlapping start-ups can be counted.
+# The counter environment, recording when each instance's constructor starts and ends (to the file its bundle's
+# startup.json names), and taking a while to start: so overlapping start-ups can be counted. (A file, not variables:
+# an instance's environment holds none of the server's.)
 SLOW_START = COUNTER_ENV.replace(
     """    def __init__(self) -> None:
         self.count = 0
 """,
     """    def __init__(self) -> None:
-        import os, time
-        log = os.environ.get("STARTUP_LOG")
+        import json, os, pathlib, time
+        settings = json.loads(pathlib.Path(__file__).with_name("startup.json").read_text())
         began = time.monotonic()
-        time.sleep(float(os.environ.get("STARTUP_SLEEP", "0")))
-        if log:
-            with open(log, "a") as out:
-                out.write(f"{os.getpid()} {began} {time.monotonic()}\\n")
+        time.sleep(settings["sleep"])
+        with open(settings["log"], "a") as out:
+            out.write(f"{os.getpid()} {began} {time.monotonic()}\\n")
         self.count = 0
 """,
 ).replace("{TOOL}", "increment")
 
 
-async def write(tmp_path: Path, instances: str, mode: str = "process", slow: bool = False) -> Path:
+async def write(tmp_path: Path, instances: str, mode: str = "process", slow: dict[str, Any] | None = None) -> Path:
+    """The counter bundle written; ``slow`` (``{"log": PATH, "sleep": SECONDS}``) makes its start-ups slow and
+    logged."""
     bundle = make_bundle(tmp_path / "bundles")
-    if slow:
+    if slow is not None:
         (bundle / "env.py").write_text(SLOW_START)
+        (bundle / "startup.json").write_text(json.dumps(slow))
     return (await awrite_folder(str(bundle), tmp_path / "root", instances=instances, mode=mode)).path
 
 
@@ -120,13 +123,9 @@ async def test_instances_free_past_instance_idle_s_are_stopped_down_to_the_minim
             assert (await finish(episode, row))["reward"] == 1.0
 
 
-async def test_start_ups_run_in_parallel_a_bounded_number_at_a_time(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_start_ups_run_in_parallel_a_bounded_number_at_a_time(tmp_path: Path) -> None:
     log = tmp_path / "startups.log"
-    monkeypatch.setenv("STARTUP_LOG", str(log))
-    monkeypatch.setenv("STARTUP_SLEEP", "0.6")
-    folder = await write(tmp_path, "1:7", slow=True)
+    folder = await write(tmp_path, "1:7", slow={"log": str(log), "sleep": 0.6})
     row = rows(folder)[0]
     # Each instance runs the slow constructor after its fork (by default the template would construct once).
     async with served(folder, parallel_startups=2, source={"construct_once": False}) as transport:

@@ -23,7 +23,7 @@ import pytest
 from gymhost import EpisodeClient
 
 from .agentenv_helpers import pool_status_of
-from .fault_helpers import await_for, is_failure_kind, play_right, the_row, wait_for, write_faulty
+from .fault_helpers import await_for, awrite_faulty, is_failure_kind, play_right, the_row, wait_for, write_faulty
 from .processes import (
     STATE_TIMEOUT_S,
     ServerProcess,
@@ -187,7 +187,7 @@ def test_instance_processes_do_not_preempt_the_server_on_wakeup(server: ServerPr
     assert os.sched_getscheduler(server.process.pid) == os.SCHED_OTHER
 
 
-async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: dict[str, Any]) -> None:
+async def test_no_instance_outlives_a_server_killed_mid_call(tmp_path: Path, row: dict[str, Any]) -> None:
     """SIGKILL of the server while one episode is inside a tool call that hangs, and another instance's replacement
     is starting: the server gets no chance to stop anything, so every process it started (as of the moment of the
     kill, the one being started included) must go by itself, through its death pipe, within a few seconds. The
@@ -195,10 +195,11 @@ async def test_no_instance_outlives_a_server_killed_mid_call(folder: Path, row: 
     idle server.)"""
     three = ["--set", "source.instances=3", "--set", "source.max_instances=3"]
     each = ["--set", "source.construct_once=false"]  # each instance runs the slow constructor after its fork
-    command = gymhost_command("serve", str(folder), "--port", "0", *three, *each)
     # Instances take 2 s to start (after the fork, in the environment's constructor): the replacement is still
     # starting when the server is killed.
-    with serving(command, env={"FAULTY_START_DELAY": "2"}) as server:
+    folder = await awrite_faulty(tmp_path, instances=1, start_delay=2)
+    command = gymhost_command("serve", str(folder), "--port", "0", *three, *each)
+    with serving(command) as server:
         instances = {instance["pid"] for instance in pool_status_of(server.url)["instances"]}
         template = parent(next(iter(instances)))  # read while every instance is alive: one is about to crash
         async with EpisodeClient(server.url) as stuck, EpisodeClient(server.url) as crashed:

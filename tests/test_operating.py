@@ -113,9 +113,9 @@ async def test_readiness_follows_the_pool_and_a_drain_lets_open_episodes_finish(
     """Ready once up; not ready while the pool is below its minimum (instances start in 2 s here); on SIGTERM: not
     ready, new seeds 503 with Retry-After, the open episode plays to its reward, then the process exits, leaving no
     instance process behind."""
-    folder = await awrite_faulty(tmp_path, instances=1)
+    folder = await awrite_faulty(tmp_path, instances=1, start_delay=2)
     each = ("--set", "source.construct_once=false")  # each instance runs the slow constructor after its fork
-    with serve(folder, "--drain-timeout", "60", *each, env={"FAULTY_START_DELAY": "2"}) as server:
+    with serve(folder, "--drain-timeout", "60", *each) as server:
         assert httpx.get(f"{server.url}/readyz", timeout=CALL_TIMEOUT_S).json() == {"status": "ok"}
         (instance,) = httpx.get(f"{server.url}/agentenv/pool", timeout=CALL_TIMEOUT_S).json()["instances"]
         os.kill(instance["pid"], signal.SIGKILL)

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gymhost import EpisodeClient
 from gymhost.environments import write_folder
@@ -58,8 +59,22 @@ def assert_lost(answer: httpx.Response) -> None:
     assert answer.json()["failure_kind"] == "session_lost", answer.text
 
 
-async def restart_and_play(folder: Path, row: dict[str, Any], tool: str, arguments: dict[str, Any], state: Path) -> str:
-    """Seed and play a call, restart, then try the episode's next call and its verify; the second start's output."""
+def lost_requests(url: str) -> dict[str, float]:
+    """``gymhost_lost_session_requests_total`` by ``why``."""
+    exposition = httpx.get(f"{url}/metrics", timeout=CALL_TIMEOUT_S).text
+    counted: dict[str, float] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name == "gymhost_lost_session_requests_total":
+                counted[sample.labels["why"]] = counted.get(sample.labels["why"], 0.0) + sample.value
+    return counted
+
+
+async def restart_and_play(
+    folder: Path, row: dict[str, Any], tool: str, arguments: dict[str, Any], state: Path, why: str
+) -> str:
+    """Seed and play a call, restart, then try the episode's next call and its verify: both answered as lost,
+    counted under ``why`` and logged. The second start's output."""
     with serve(folder, state) as first:
         episode = EpisodeClient(first.url)
         await episode.seed(row)
@@ -68,6 +83,7 @@ async def restart_and_play(folder: Path, row: dict[str, Any], tool: str, argumen
         episode.base_url = second.url
         assert_lost(await episode.post(f"/{tool}", arguments))
         assert_lost(await episode.post("/verify", {**row, "response": episode.transcript.response("done")}))
+        assert lost_requests(second.url) == {why: 2.0}
         if folder.name == STATEFUL:  # a new episode plays there as on any start
             assert (await play_session_state(second.url, row, True))["reward"] == 1.0
         else:
@@ -75,12 +91,14 @@ async def restart_and_play(folder: Path, row: dict[str, Any], tool: str, argumen
                 await fresh.seed(row)
                 assert (await fresh.call_tool(tool, {"by": 2})).ok
                 assert (await fresh.verify(row))["reward"] == 1.0
-        return second.output
+        output = second.output
+    assert output.count("answered as a lost session") == 2, output
+    return output
 
 
 async def test_a_restart_finds_the_kept_secret_and_answers_the_episode_as_lost(server: Served, tmp_path: Path) -> None:
     folder, row, tool, arguments = server
-    output = await restart_and_play(folder, row, tool, arguments, tmp_path / "state")
+    output = await restart_and_play(folder, row, tool, arguments, tmp_path / "state", "owner_gone")
     kept = tmp_path / "state" / "gymhost" / "secret"
     assert f"sessions are signed with the secret kept in {kept}" in output
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600
@@ -93,7 +111,7 @@ async def test_a_secret_of_one_start_alone_is_said_and_its_episodes_are_lost_aft
     folder, row, tool, arguments = server
     not_a_folder = tmp_path / "state"
     not_a_folder.write_text("a file where the state directory would be")
-    output = await restart_and_play(folder, row, tool, arguments, not_a_folder)
+    output = await restart_and_play(folder, row, tool, arguments, not_a_folder, "another_secret")
     assert "WARNING: sessions are signed with a secret of this start alone" in output
     assert "a restart answers every open episode as lost; set GYMHOST_SECRET" in output
 

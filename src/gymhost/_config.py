@@ -9,11 +9,14 @@ The ``GYMHOST_*`` environment variables are read here and nowhere else (one func
 the environment can change is one list. ``gymhost serve``'s options name some of them as their environment variables
 (click reads those, and ``--help`` shows them); a ``ServeConfig`` made in Python reads the same ones here. The one
 exception is agent-env's app script, which runs in agent-env's venv and imports nothing of gymhost
-(``environments/_openenv/_agent_env_app.py``).
+(``environments/_openenv/_agent_env_app.py``). The secret ones (``SECRET_SETTINGS``) are taken out of the
+environment as they are read (``take_secrets``): no code gymhost hosts, and no child it starts, finds them there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import enum
 import os
 from collections.abc import Mapping
@@ -38,6 +41,7 @@ __all__ = [
     "PARENT_PID_ENV_VAR",
     "REPLICA_ENV_VAR",
     "SECRET_ENV_VAR",
+    "SECRET_SETTINGS",
     "SERVERS",
     "TOKEN_ENV_VAR",
     "VENV_DIR_ENV_VAR",
@@ -54,8 +58,9 @@ __all__ = [
     "resolve_masked_verdicts",
     "resolve_token",
     "secret_file",
-    "share_secret_with_children",
+    "secret_settings",
     "take_parent_pid",
+    "take_secrets",
     "venv_root",
 ]
 
@@ -75,11 +80,56 @@ DRAIN_TIMEOUT_ENV_VAR: Final = "GYMHOST_DRAIN_TIMEOUT"
 DEFAULT_DRAIN_TIMEOUT: Final = 120  # seconds; ServeConfig.drain_timeout says why
 VENV_DIR_ENV_VAR: Final = "GYMHOST_VENV_DIR"  # where folders' own venvs are kept (default ~/.cache/gymhost/venvs)
 AGENT_ENV_PYTHON_ENV_VAR: Final = "GYMHOST_AGENT_ENV_PYTHON"  # the interpreter with agentenv-framework[openenv]
+# Whoever reads one of these can sign any episode's cookie or pass the bearer check: read once, then gone.
+SECRET_SETTINGS: Final = (SECRET_ENV_VAR, TOKEN_ENV_VAR)
+
+_taken: dict[str, str] = {}  # the secret settings taken out of the environment (an empty one: unset)
+
+
+def take_secrets() -> None:
+    """Take the secret settings out of the process environment, before any server or environment code is imported
+    and before any child starts: the code gymhost hosts runs the model's text in subprocesses that inherit
+    ``os.environ`` (Gym's ``code_gen`` does). Every gymhost entry point calls it first (``gymhost serve``,
+    ``create_app``, ``create_gateway``, ``asgi:app``); reading a secret setting calls it too, so a value set later,
+    in Python, is taken the same way."""
+    for name in SECRET_SETTINGS:
+        _take(name)
+
+
+def _take(name: str) -> str | None:
+    if name in os.environ:
+        value = os.environ[name]
+        _erase_from_environment(name)
+        if value:
+            _taken[name] = value
+        else:
+            _taken.pop(name, None)
+    return _taken.get(name)
+
+
+def _erase_from_environment(name: str) -> None:
+    """``name`` gone from ``os.environ`` and from this process's own environment block: ``/proc/PID/environ`` shows
+    the block as it was at ``exec`` to every process of this user, and ``unsetenv`` leaves it so; the value's bytes
+    are overwritten where the C library keeps them."""
+    with contextlib.suppress(OSError, AttributeError):  # no C library to ask: os.environ at least
+        getenv = ctypes.CDLL(None).getenv
+        getenv.restype, getenv.argtypes = ctypes.c_void_p, [ctypes.c_char_p]
+        address = getenv(os.fsencode(name))
+        if address:
+            ctypes.memset(address, 0, len(ctypes.string_at(address)))
+    os.environ.pop(name, None)
+
+
+def secret_settings() -> dict[str, str]:
+    """The secret settings taken, as the environment of a gymhost process this one starts to serve in its place or
+    beside it (itself again from a folder's venv; a gateway's process mount), which takes them at its own start."""
+    take_secrets()
+    return dict(_taken)
 
 
 def configured_secret() -> str | None:
     """``GYMHOST_SECRET``: what sessions and MCP tokens are signed with (None: unset or empty)."""
-    return os.environ.get(SECRET_ENV_VAR) or None
+    return _take(SECRET_ENV_VAR)
 
 
 def secret_file() -> Path | None:
@@ -93,13 +143,6 @@ def secret_file() -> Path | None:
         except (RuntimeError, KeyError):
             return None
     return Path(state) / "gymhost" / "secret"
-
-
-def share_secret_with_children(secret: str) -> None:
-    """Before forking workers: the one secret they all sign with (each one's own would refuse its siblings'
-    cookies), unless the operator gave one."""
-    if configured_secret() is None:
-        os.environ[SECRET_ENV_VAR] = secret
 
 
 def configured_replica_id() -> str | None:
@@ -172,7 +215,7 @@ def resolve_token(token: str | NoToken | None) -> str | None:
         return None
     if token == "":
         raise ServeError("the bearer token is empty; pass NO_TOKEN to turn the check off")
-    resolved = token if token is not None else (os.environ.get(TOKEN_ENV_VAR) or None)
+    resolved = token if token is not None else _take(TOKEN_ENV_VAR)
     if resolved is not None and not (resolved.isascii() and resolved.isprintable() and " " not in resolved):
         raise ServeError("the bearer token must be printable ASCII without spaces (it travels in an HTTP header)")
     return resolved

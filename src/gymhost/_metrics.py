@@ -72,6 +72,13 @@ _VERDICTS_REFUSED = Counter(
     "never reads mask_sample fails the rollout instead of training on its 0.0; by failure_kind.",
     ["mount", "failure_kind"],
 )
+_LOST_REQUESTS = Counter(
+    "gymhost_lost_session_requests",
+    "Requests of an episode this process cannot serve, answered as lost (410 session_lost, or a masked verify): "
+    "its owner is gone (owner_gone: restarted, or unreachable) or it was signed with another secret "
+    "(another_secret: a restart that kept no secret, or a replica with another).",
+    ["mount", "why"],
+)
 _SEED_WAIT = Histogram(
     "gymhost_seed_wait_seconds", "How long a seed waited for an environment instance.", ["mount"], buckets=_SLOW
 )
@@ -113,8 +120,8 @@ _HANDOFFS = Counter(
     ["outcome"],
 )
 _OURS = (HTTP_REQUEST_DURATION, HTTP_ACTIVE_REQUESTS, _EPISODES_OPEN, _EPISODES_ENDED, _REWARD, _VERDICTS_REFUSED,
-         _SEED_WAIT, _TOOL_CALL, _INSTANCES, _SEEDS_WAITING, _SESSIONS_STARTED, _ACCEPT_ERRORS, _LISTEN_OVERFLOWS,
-         _FORWARD_FAILURES, _HANDOFFS)  # fmt: skip
+         _LOST_REQUESTS, _SEED_WAIT, _TOOL_CALL, _INSTANCES, _SEEDS_WAITING, _SESSIONS_STARTED, _ACCEPT_ERRORS,
+         _LISTEN_OVERFLOWS, _FORWARD_FAILURES, _HANDOFFS)  # fmt: skip
 
 
 def accept_failed(reason: str) -> None:
@@ -165,6 +172,9 @@ class EpisodeMetrics:
         _EPISODES_ENDED.labels(self.mount, outcome, failure_kind or "").inc()
         if outcome == "rewarded" and reward is not None:
             self._reward.observe(reward)
+
+    def request_lost(self, why: str) -> None:
+        _LOST_REQUESTS.labels(self.mount, why).inc()
 
     def verdict_refused(self, failure_kind: str) -> None:
         _VERDICTS_REFUSED.labels(self.mount, failure_kind).inc()

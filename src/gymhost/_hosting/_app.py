@@ -27,6 +27,7 @@ from .._config import (
     AppSettings,
     MaskedVerdicts,
     NoToken,
+    take_secrets,
 )
 from .._exceptions import FolderError
 from .._keys import StateKey
@@ -110,6 +111,7 @@ def build_app(
     **overrides: Any,
 ) -> FastAPI:
     """``create_app`` with its guards already decided (``AppSettings``): what a gateway builds its mounts with."""
+    take_secrets()  # before the folder's code is imported: nothing it starts inherits them
     version = require_nemo_gym()
     name = overrides.pop("name", None)
     spec = load_server_spec(folder, config_key=config_key, overrides=overrides)

@@ -19,7 +19,14 @@ from typing import Any
 
 from starlette.routing import Mount
 
-from .._config import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_JSON_DEPTH, AppSettings, MaskedVerdicts, NoToken
+from .._config import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_JSON_DEPTH,
+    AppSettings,
+    MaskedVerdicts,
+    NoToken,
+    take_secrets,
+)
 from .._exceptions import FolderError, GatewayError
 from .._keys import MOUNT, MOUNTS
 from .._nemo_gym import GYM_ROUTE_NAMES
@@ -112,6 +119,8 @@ def build_gateway(
 
     from ..middleware.stack import gateway_stack
     from ._requirements import conflicts
+
+    take_secrets()  # before any folder's code is imported or any process mount starts
 
     mapping: dict[str, Any] = find_servers(servers) if isinstance(servers, str | Path) else dict(servers)
     for prefix in mapping:

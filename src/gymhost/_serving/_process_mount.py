@@ -28,7 +28,7 @@ from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
 
 from .._asgi import answer_json, path_below_mount
-from .._config import PARENT_PID_ENV_VAR, SECRET_ENV_VAR, TOKEN_ENV_VAR, MaskedVerdicts, ServeConfig
+from .._config import PARENT_PID_ENV_VAR, SECRET_ENV_VAR, MaskedVerdicts, ServeConfig
 from .._drain import drain
 from .._exceptions import GatewayError
 from .._hosting._operating import OPERATIONS
@@ -150,8 +150,8 @@ class ProcessMount:
         command += ["--masked-verdicts", self.masked_verdicts]
         for name, url in self.server_urls.items():
             command += ["--server-url", f"{name}={url}"]
-        environment = {key: value for key, value in os.environ.items() if key != TOKEN_ENV_VAR}  # the gateway checks it
-        environment[SECRET_ENV_VAR] = process_secret()  # its sessions stay valid across its restarts
+        # os.environ holds no secret setting (taken at start); the process takes what it is given here at its own.
+        environment = {**os.environ, SECRET_ENV_VAR: process_secret()}  # its sessions stay valid across its restarts
         environment[PARENT_PID_ENV_VAR] = str(os.getpid())
         self._process = await asyncio.create_subprocess_exec(*command, env=environment, start_new_session=True)
         self._signalled = False

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .._config import ServeConfig, take_parent_pid
+from .._config import ServeConfig, secret_settings, take_parent_pid
 from .._exceptions import ServeError
 from .._hosting._targets import Target, resolve_targets
 from .._keys import MOUNT
@@ -167,7 +167,8 @@ class Server:
         require_nemo_gym()  # its version is the venv's
         python = folder_venv(folder)
         arguments = [argument for argument in sys.argv[1:] if argument != "--venv"]
-        os.execv(python, [str(python), "-m", "gymhost", *arguments])  # this command, from the folder's venv
+        # This command, from the folder's venv, with the secret settings this process took out of its environment.
+        os.execve(python, [str(python), "-m", "gymhost", *arguments], {**os.environ, **secret_settings()})
 
     def _share(self, target: Target) -> Path | None:
         """Before anything imports prometheus_client's values: workers share their metrics (and sockets) through a

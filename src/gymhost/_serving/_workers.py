@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .._config import ServeConfig, share_secret_with_children
+from .._config import ServeConfig
 from .._drain import WorkerCounts
 from .._exceptions import GymhostError, ServeError
 from .._metrics import share_metrics
@@ -59,11 +59,11 @@ _STOPS = {signal.SIGTERM, signal.SIGINT}
 
 def prepare_workers() -> Path:
     """Before anything builds an app: the folder where workers listen, keep their metrics and tell each other their
-    drain (the caller removes it when they are done), and one signing secret for all of them (each worker's own
-    random secret would refuse its siblings' cookies)."""
+    drain (the caller removes it when they are done), and one signing secret for all of them, made here so that the
+    forks carry it in their memory (each worker's own would refuse its siblings' cookies)."""
     folder = scratch_folder("workers")
     share_metrics(folder / "metrics")
-    share_secret_with_children(process_secret())
+    process_secret()
     return folder
 
 

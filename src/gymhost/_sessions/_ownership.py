@@ -26,6 +26,7 @@ that request is answered 503 with ``Retry-After``, and the episode goes on when 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Collection
 from typing import Any
@@ -45,9 +46,12 @@ from ._signing import token_owner
 
 __all__ = ["SessionOwnershipMiddleware"]
 
+logger = logging.getLogger("gymhost")
+
 _SESSION_FREE = frozenset({"/aggregate_metrics"})  # POST routes that need no session
 _TOKEN_HEADER = TOKEN_HEADER.encode()
 _ANOTHER_SECRET = ", signed with another secret than this process's"
+_WHY = {"": "owner_gone", _ANOTHER_SECRET: "another_secret"}  # the metric's label
 
 
 class SessionOwnershipMiddleware:
@@ -138,9 +142,16 @@ class SessionOwnershipMiddleware:
         fields = {key: value for key, value in request.items() if key not in VERDICT_FIELDS}
         reason = f"this session belongs to {process_state.describe(owner)}{why}; its episode cannot be verified here"
         verdict = {**fields, "reward": 0.0, "mask_sample": True, "failure_kind": SESSION_LOST, "failure_reason": reason}
+        self._count(scope, why, reason)
         self.metrics.ended("masked", SESSION_LOST)
         await answer_json(scope, receive, send, 200, verdict)
 
     async def _gone(self, scope: Scope, receive: Receive, send: Send, owner: Any, why: str = "") -> None:
         detail = f"this session belongs to {process_state.describe(owner)}{why}; its episode is not here"
+        self._count(scope, why, detail)
         await answer_json(scope, receive, send, 410, {"detail": detail, "failure_kind": SESSION_LOST, "owner": owner})
+
+    def _count(self, scope: Scope, why: str, said: str) -> None:
+        """A lost episode's request leaves a log line and a metric, whatever the client does with its answer."""
+        self.metrics.request_lost(_WHY[why])
+        logger.warning("gymhost: POST %s answered as a lost session: %s", path_below_mount(scope), said)

@@ -21,6 +21,7 @@ from .._config import (
     TOKEN_ENV_VAR,
     AppSettings,
     ServeConfig,
+    take_secrets,
 )
 from .._exceptions import FolderError
 from .._serving._server import Server
@@ -194,6 +195,7 @@ def serve(paths: tuple[str, ...], only: str | None, **options: Any) -> None:
 
     With no argument, the folders or names in GYMHOST_FOLDER (separated by spaces), as the container image runs.
     """
+    take_secrets()  # click has read GYMHOST_TOKEN: from here on, no code this process hosts finds it
     source = click.get_current_context().get_parameter_source("paths")
     with one_line_errors():
         config = _config(paths, only, **options)

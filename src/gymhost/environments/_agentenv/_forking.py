@@ -17,6 +17,7 @@ import signal
 import sys
 from pathlib import Path
 
+from ..._confinement import hosted_environment
 from ..._scratch import remove, scratch_folder
 from .._backend import Instance
 from .._errors import StartupError
@@ -134,7 +135,7 @@ class _Template:
             *([] if construct_once else [CONSTRUCT_EACH]),
             stdin=asyncio.subprocess.PIPE,  # commands; closed (or the server dies): the template and its instances go
             stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", SERVER_PID: str(os.getpid())},
+            env=hosted_environment(**{SERVER_PID: str(os.getpid())}),  # never the server's own
         )
         try:
             # Importing, then constructing twice (in a throwaway child, then for good): more than one start's limit.
@@ -196,7 +197,7 @@ class BundleLauncher:
                     "--serve",
                     str(path),
                     stdin=asyncio.subprocess.PIPE,  # never written: closed when this process goes, and so it goes
-                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                    env=hosted_environment(),
                 )
             )
         client = ChannelClient(str(path), base_url=f"http://instance-{index}", data_timeout=settings.data_timeout_s)

@@ -31,6 +31,7 @@ from pathlib import Path
 import httpx
 
 from ..._config import AGENT_ENV_PYTHON_ENV_VAR, PARENT_PID_ENV_VAR, configured_agent_env_python
+from ..._confinement import hosted_environment
 from ..._scratch import remove, scratch_folder
 from .._backend import Instance, forever
 from .._errors import SourceError, StartupError
@@ -100,13 +101,13 @@ class AgentEnvFrameworkApp:
         shows."""
         folder = scratch_folder("agent-env")
         log = (folder / "app.log").open("wb") if quiet else None
-        environment = {
-            **os.environ,
-            PARENT_PID_ENV_VAR: str(os.getpid()),
-            "XDG_STATE_HOME": str(folder / "state"),  # agent-env's stores: every episode is recorded there
-            "AGENT_ENV_LOCAL_SANDBOX_DIR": str(folder / "sandboxes"),
-            "PYTHONUNBUFFERED": "1",
-        }
+        environment = hosted_environment(  # never the server's own
+            **{
+                PARENT_PID_ENV_VAR: str(os.getpid()),
+                "XDG_STATE_HOME": str(folder / "state"),  # agent-env's stores: every episode is recorded there
+                "AGENT_ENV_LOCAL_SANDBOX_DIR": str(folder / "sandboxes"),
+            }
+        )
         try:
             process = await asyncio.create_subprocess_exec(
                 python,

@@ -1,0 +1,140 @@
+"""The server's secrets never reach the code it hosts (issue 43, item 1).
+
+A real ``gymhost serve`` with ``GYMHOST_SECRET`` and ``GYMHOST_TOKEN`` in its environment, as an operator starts it:
+
+- a Gym-style server whose verify runs the model's text in a subprocess, as Gym's ``code_gen`` does ("no sandbox"):
+  the child's environment holds neither, and neither does what it reads of its server's (``/proc/PPID/environ``);
+- a written bundle's process instance: its own environment is an allow-list, and its template's and its server's
+  hold neither value.
+
+Each look also finds what it must (``PATH``; the instance's ``GYMHOST_TEMPLATE_SERVER_PID`` in its template's), so
+a look that read nothing cannot pass.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gymhost import EpisodeClient
+from gymhost.environments import awrite_folder
+
+from .agentenv_helpers import COUNTER_ENV, make_bundle, rows
+from .processes import gymhost_command, serving
+from .test_folder_errors import CONFIG, make_folder
+
+pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
+
+SECRET = "the-signing-secret-no-hosted-code-may-read"
+TOKEN = "the-bearer-token-no-hosted-code-may-read"
+SECRETS = {"GYMHOST_SECRET": SECRET, "GYMHOST_TOKEN": TOKEN}
+CREDENTIAL = {"CLOUD_API_KEY": "an-operators-credential"}  # not gymhost's: hosted code gets an allow-list
+
+# A Gym resources server whose verify runs the model's text, as code_gen's does, and answers what it printed.
+RUNNER = """\
+import subprocess
+import sys
+
+from nemo_gym.base_resources_server import (
+    BaseResourcesServerConfig, BaseVerifyRequest, BaseVerifyResponse, SimpleResourcesServer,
+)
+
+
+class RunVerifyResponse(BaseVerifyResponse):
+    printed: str
+
+
+class RunnerServer(SimpleResourcesServer):
+    config: BaseResourcesServerConfig
+
+    async def verify(self, body: BaseVerifyRequest) -> RunVerifyResponse:
+        code = "".join(
+            getattr(part, "text", "") for item in body.response.output for part in getattr(item, "content", None) or []
+        )
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        return RunVerifyResponse(**body.model_dump(), reward=1.0, printed=done.stdout + done.stderr)
+
+
+if __name__ == "__main__":
+    RunnerServer.run_webserver()
+"""
+
+# What the model's code looks at: its own environment and its parent's (the server's), as /proc shows them.
+LOOK = """\
+import json, os
+parent = open(f"/proc/{os.getppid()}/environ", "rb").read().decode("latin-1")
+print(json.dumps({"environ": dict(os.environ), "parent": parent}))
+"""
+
+
+def response_saying(text: str) -> dict[str, Any]:
+    message = {"id": "m", "type": "message", "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": text, "annotations": []}]}  # fmt: skip
+    return {"id": "r", "object": "response", "created_at": 0, "model": "m", "output": [message], "tools": [],
+            "parallel_tool_calls": True, "tool_choice": "auto"}  # fmt: skip
+
+
+def assert_hidden(seen: str) -> None:
+    assert SECRET not in seen, "the signing secret reached hosted code"
+    assert TOKEN not in seen, "the bearer token reached hosted code"
+
+
+async def test_a_gym_servers_subprocess_finds_no_secret(tmp_path: Path) -> None:
+    folder = make_folder(tmp_path, name="runner", config=CONFIG.format(key="runner", name="runner"), app=RUNNER)
+    with serving(gymhost_command("serve", str(folder), "--port", "0"), env=SECRETS) as server:
+        async with EpisodeClient(server.url, token=TOKEN) as episode:
+            row = {"responses_create_params": {"input": [{"role": "user", "content": "print your environment"}]}}
+            await episode.seed(row)
+            answer = await episode.post("/verify", {**row, "response": response_saying(LOOK)})
+    assert answer.status_code == 200, answer.text
+    verdict = answer.json()
+    assert verdict["printed"].startswith("{"), verdict
+    seen = json.loads(verdict["printed"])
+    assert "PATH" in seen["environ"], seen  # it looked
+    assert "PATH=" in seen["parent"], seen
+    assert_hidden(verdict["printed"])
+
+
+# The counter bundle with a tool that reports what its instance sees: its environment, its template's (its parent)
+# and its server's (the template's parent).
+LOOKING_ENV = COUNTER_ENV.replace(
+    """    @tool(name="stall")""",
+    '''    @tool(name="look")
+    async def look(self) -> dict[str, Any]:
+        """What this process can see of its own environment and its parents'."""
+        import os
+
+        def environ(pid: int) -> str:
+            with open(f"/proc/{pid}/environ", "rb") as file:
+                return file.read().decode("latin-1")
+
+        template = os.getppid()
+        with open(f"/proc/{template}/stat") as stat:
+            server = int(stat.read().rsplit(")", 1)[1].split()[1])
+        return {"environ": dict(os.environ), "template": environ(template), "server": environ(server)}
+
+    @tool(name="stall")''',
+).replace("{TOOL}", "increment")
+
+
+async def test_a_process_instance_finds_no_secret(tmp_path: Path) -> None:
+    bundle = make_bundle(tmp_path / "bundles")
+    (bundle / "env.py").write_text(LOOKING_ENV)
+    folder = (await awrite_folder(str(bundle), tmp_path / "root", instances=1, mode="process")).path
+    row = rows(folder)[0]
+    with serving(gymhost_command("serve", str(folder), "--port", "0"), env={**SECRETS, **CREDENTIAL}) as server:
+        async with EpisodeClient(server.url, token=TOKEN) as episode:
+            await episode.seed(row)
+            answer = await episode.post("/look", {})
+    assert answer.status_code == 200, answer.text
+    seen = answer.json()
+    assert "PATH" in seen["environ"], seen  # it looked
+    assert "GYMHOST_TEMPLATE_SERVER_PID=" in seen["template"], seen
+    assert "PATH=" in seen["server"], seen
+    assert_hidden(answer.text)
+    assert not {name for name in seen["environ"] if name.startswith("GYMHOST_")}, seen["environ"]
+    assert "CLOUD_API_KEY" not in seen["environ"]
+    assert "an-operators-credential" not in seen["template"]
