@@ -31,7 +31,7 @@ def run(code: str, *, deferred: bool = True) -> str:
 
 
 def test_serving_imports_none_of_gyms_reward_profiling_stack() -> None:
-    imported = run("import sys; print(sorted({'pandas', 'scipy', 'ray'} & set(sys.modules)))")
+    imported = run("import sys; print(sorted({'pandas', 'scipy', 'ray', 'hydra'} & set(sys.modules)))")
     assert imported == "[]"
 
 

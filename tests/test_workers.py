@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gymhost import EpisodeClient
+from gymhost._sessions._owner import unchecked_cookie_owner
 from gymhost.environments import Task, load_tasks, write_folder
 
 from .agentenv_helpers import GRIDSIM, rows
@@ -67,6 +68,14 @@ def counted(url: str, name: str, **labels: str) -> float:
         for sample in family.samples
         if sample.name == name and all(sample.labels.get(key) == value for key, value in labels.items())
     )
+
+
+def worker_of(episode: EpisodeClient) -> int:
+    """The worker holding an episode, as its session cookie names it."""
+    (value,) = episode.cookies.values()
+    owner = unchecked_cookie_owner(value.encode())
+    assert isinstance(owner, dict), value
+    return int(owner["worker"])
 
 
 async def play_gridsim(url: str, row: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -199,9 +208,12 @@ async def test_mcp_token_calls_reach_their_worker(gym_root: Path) -> None:
 async def test_a_dead_worker_is_replaced_and_its_episodes_end_lost(gridsim: Path) -> None:
     row = next(r for r in rows(gridsim) if r["task_id"] == "reach-corner")
     with serve(gridsim) as server:
-        episodes = [EpisodeClient(server.url) for _ in range(12)]
-        for episode in episodes:
-            await episode.seed(row)
+        # Twelve episodes or more, until each worker holds some: the kernel may give a run of connections to one.
+        episodes: list[EpisodeClient] = []
+        while len(episodes) < 12 or len({worker_of(episode) for episode in episodes}) < WORKERS:
+            assert len(episodes) < 200, "the kernel gave 200 connections in a row to one worker"
+            episodes.append(EpisodeClient(server.url))
+            await episodes[-1].seed(row)
         victim = children(server.process.pid)[0]
         os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + STATE_TIMEOUT_S

@@ -1,14 +1,15 @@
 """nemo-gym's training-time dependencies, imported when first used instead of when a resources server is.
 
-``import nemo_gym.base_resources_server`` imports pandas and scipy.stats (reward profiling), wandb (W&B logging)
-and, on 0.4.0, Ray at the top of modules every resources server imports, though serving one never calls into
-them: about half of a server's start and memory (benchmarks/README.md, "Start-up imports"). Python has no lazy
-imports before 3.15 (PEP 810), so gymhost gives the Gym modules that do it (``DEFERRING_MODULES``) the same, and
-no others: while one of them runs its top level, an ``import x`` or ``from x import y`` of a package in
-``DEFERRED_PACKAGES`` binds a stand-in; the stand-in's first use (a call, an attribute, an ``isinstance``, a base
-class, formatting) imports the real object and puts it in the module's globals in the stand-in's place, so later
-uses are the real thing. A module-level use (0.4.0's ``global_config`` sets an attribute of ``wandb.util``) just
-imports it then. What a stand-in cannot pass for is the object's identity and type before its first use.
+``import nemo_gym.base_resources_server`` imports pandas and scipy.stats (reward profiling), wandb (W&B logging),
+Hydra (the launcher's command line) and, on 0.4.0, Ray at the top of modules every resources server imports, though
+serving one never calls into them: about half of a server's start and memory (benchmarks/README.md, "Start-up
+imports"). Python has no lazy imports before 3.15 (PEP 810), so gymhost gives the Gym modules that do it
+(``DEFERRING_MODULES``) the same, and no others: while one of them runs its top level, an ``import x`` or ``from x
+import y`` of a package in ``DEFERRED_PACKAGES`` binds a stand-in; the stand-in's first use (a call, an attribute, an
+``isinstance``, a base class, formatting) imports the real object and puts it in the module's globals in the
+stand-in's place, so later uses are the real thing. A module-level use (0.4.0's ``global_config`` sets an attribute
+of ``wandb.util``) just imports it then. What a stand-in cannot pass for is the object's identity and type before its
+first use.
 
 Upstream could drop all of this by importing those packages inside the functions that use them (or, from Python
 3.15, with ``lazy import``): docs/architecture.md.
@@ -29,7 +30,7 @@ from typing import Any
 __all__ = ["DEFERRED_PACKAGES", "DEFERRING_MODULES", "defer_training_imports"]
 
 # Packages a resources server does not need to serve (measured with -X importtime on nemo-gym 0.4.0 and 0.7.0).
-DEFERRED_PACKAGES = frozenset({"pandas", "scipy", "wandb", "ray"})
+DEFERRED_PACKAGES = frozenset({"pandas", "scipy", "wandb", "ray", "hydra"})
 # The Gym modules whose top level imports them; nothing else is touched.
 DEFERRING_MODULES = frozenset(
     {"nemo_gym.global_config", "nemo_gym.server_utils", "nemo_gym.reward_profile", "nemo_gym.rollout_collection"}
