@@ -256,7 +256,7 @@ test-container: image .venv-gym07/.installed .venv-verifiers/.installed
 # lends its cores to another. The whole run writes its temporary files in one folder (TMPDIR), which it removes at the
 # end, after killing and naming any process it started that is still running (tests/tiers/leftovers.py); it ends
 # with each tier's wall and CPU time (tests/tiers/timed.py).
-TEST_JOBS ?= 3
+TEST_JOBS ?= 2
 SYSTEM_PACKAGES := ss=iproute2 ip=iproute2 haproxy=haproxy node=nodejs npm=npm $(CONTAINER_TOOLS)
 system-packages:
 	@$(NEED) $(SYSTEM_PACKAGES)
@@ -270,12 +270,11 @@ test: | check-pythons
 	echo "make test: $$(( ($$(date +%s) - started) / 60 )) min $$(( ($$(date +%s) - started) % 60 )) s in all"; \
 	$(TIMED) --table; exit $$status
 
-# make starts them in this order as slots free: the two nemo_gym tiers first, together (each keeps about one core
-# busy, waiting on its servers the rest of the time), and beside them, one at a time, the tiers that mostly wait (the
-# soak's idle timeouts, the image's build, the replay's venv builds), so that no long tier runs alone at the end with a
-# core idle. Three at a time: two kept the cores 91% busy (docs/architecture.md). make test's closing table says how
-# long each took.
-test-tiers: test-gym07 test-gym04 test-soak test-container test-replay-gym07 test-verifiers-gym07 test-replay-gym04 \
+# make starts them in this order as slots free: the two nemo_gym tiers, which keep both cores busy, far apart, each
+# beside tiers that mostly wait (the image's downloads, the soak's idle timeouts, the replay's venv builds).
+# Three at a time, the two nemo_gym tiers together, was no faster: 30:50 against 30:44, with 2 CPU-minutes more
+# spent on contention (docs/architecture.md). make test's closing table says how long each took.
+test-tiers: test-gym07 test-container test-soak test-replay-gym07 test-verifiers-gym07 test-gym04 test-replay-gym04 \
 	test-verifiers-gym04 test-cluster test-lowest test-unit test-wheel typecheck test-manifests lint docs
 
 # The task format's JSON Schema is generated from its models; a unit test keeps the committed file current.

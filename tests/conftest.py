@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -39,9 +40,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def secrets_of_this_test_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     """gymhost takes GYMHOST_SECRET and GYMHOST_TOKEN out of the environment as it reads them, and keeps them for
     the life of the process (``_config.take_secrets``): each test starts with none taken, as a process starts."""
-    from gymhost import _config
-
-    monkeypatch.setattr(_config, "_taken", {})
+    config = sys.modules.get("gymhost._config")  # not imported yet (or not installed: the manifests' venv): none taken
+    if config is not None:
+        monkeypatch.setattr(config, "_taken", {})
 
 
 @pytest.fixture
