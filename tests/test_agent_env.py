@@ -260,11 +260,10 @@ def test_check_says_plainly_what_it_checked(tmp_path: Path) -> None:
     assert "all 3 rows pass" in done.stdout, done.stdout
 
 
-async def test_agent_envs_app_killed_mid_episode_costs_that_episode_only(tmp_path: Path) -> None:
+async def test_agent_envs_app_killed_mid_episode_costs_that_episode_only(folder: Path) -> None:
     """SIGKILL of agent-env's app while an episode is open: the episode is masked, never scored; the server starts
     the app again and the next episode plays. SIGKILL of the server: the app does not outlive it, and leaves no
-    folder behind."""
-    folder = write(str(BUNDLE), tmp_path, "--python", agent_env_python())
+    folder behind. (A server of its own, on the module's folder: writing one costs an app's start.)"""
     row = rows(folder)[("all", "capital")]
     with serving(gymhost_command("serve", str(folder), "--port", "0")) as gym:
         app = app_of(gym)
