@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import signal
@@ -113,6 +114,18 @@ async def test_a_wrong_play_scores_zero_unmasked(folder: Path) -> None:
         answer = await play(BASE, row_for(folder, "maze"), right=False, transport=transport)
         assert answer["reward"] == 0.0
         assert [c["id"] for c in answer["criteria"] if c["score"] < 1] == ["at-goal"]
+
+
+async def test_serving_in_process_says_its_code_shares_the_server(
+    folder: Path, mode: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In-process instances run inside the server, secrets and all, and can never be confined: the start says so,
+    once; process instances do not need saying it."""
+    with caplog.at_level(logging.WARNING, logger="gymhost.environments"):
+        async with served(folder):
+            pass
+    said = [record.getMessage() for record in caplog.records if "cannot be confined" in record.getMessage()]
+    assert len(said) == (1 if mode == "in_process" else 0), said
 
 
 async def test_a_folder_written_before_gymhost_environments_still_serves(tmp_path: Path) -> None:

@@ -149,6 +149,11 @@ class InProcessLauncher:
     async def launch(self, index: int, settings: PoolSettings) -> Instance:
         environment_class = load_environment_class(self.bundle)
         if index == 0:
+            logger.warning(
+                "%s: its code runs inside the server, with everything the server holds (the session-signing secret "
+                "included), and cannot be confined; write it with --mode process to run it apart",
+                self.description,
+            )
             _warn_about_blocking_handlers(environment_class)
         return await host_in_process(environment_class, index, settings.data_timeout_s)
 
