@@ -41,6 +41,12 @@ PIP_QUIET := 2>&1 | { grep -v 'is ignored: it is neither a file nor a directory'
 # uv builds every venv: it resolves and downloads in parallel and links packages from its cache (~/.cache/uv, keyed by
 # what is installed), so a fresh machine builds them all in about a minute, and a rebuild takes seconds. It is
 # installed once, by pip, into a venv of its own.
+#
+# Python writes its bytecode caches, as it does by default. These machines set PYTHONDONTWRITEBYTECODE, and uv (unlike
+# pip) compiles nothing at install: every process the suite starts would compile every module it imports again, a
+# gymhost app's build 50% more CPU (2.7 s against 1.8 s: benchmarks/README.md, "Start-up imports").
+unexport PYTHONDONTWRITEBYTECODE
+
 UV_VERSION := 0.13.9
 UV := .venv-uv/bin/uv
 $(UV): | check-py312
