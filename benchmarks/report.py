@@ -15,6 +15,7 @@ WRITTEN_START, WRITTEN_END = "<!-- written:start -->", "<!-- written:end -->"  #
 LAYERS_START, LAYERS_END = "<!-- layers:start -->", "<!-- layers:end -->"  # and layers.py
 PROCESS_START, PROCESS_END = "<!-- process-mode:start -->", "<!-- process-mode:end -->"  # and process_mode.py
 PROFILE_START, PROFILE_END = "<!-- request-profile:start -->", "<!-- request-profile:end -->"  # request_profile.py
+CONFINEMENT_START, CONFINEMENT_END = "<!-- confinement:start -->", "<!-- confinement:end -->"  # and confinement.py
 HYPERCORN_NAMES = {
     "gymhost_hypercorn": "`gymhost serve --server hypercorn` (asyncio's loop)",
     "hypercorn_asyncio": "`hypercorn gymhost.asgi:app -k asyncio`",
@@ -454,6 +455,44 @@ def process_mode_tables(out: dict[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
+def confinement_tables(out: dict[str, Any], source: str) -> str:
+    """Confined process instances (``--sandbox strict``) beside unconfined ones (``off``), against issue 43's
+    targets."""
+
+    def verdict(ratio: float, target: float, above: bool) -> str:
+        return "met" if (ratio >= target if above else ratio <= target) else "missed"
+
+    calls, batch, starts = out["calls_ratio"], out["batch_p99_ratio"], out["start_p99_ratio"]
+    lines = [
+        f"gridsim written with default options (process mode), confined and not (raw numbers: [{source}]({source})):"
+        f" 64 concurrent episodes of 40 tool calls, each server's median of {out['rounds']} interleaved rounds;"
+        f" {out['episodes']} think-time episodes at once on a fresh default pool, the median of"
+        f" {out['batch_rounds']} interleaved rounds; 40 instance starts one after another.",
+        "",
+        "| | confined (`--sandbox strict`) | unconfined (`--sandbox off`) | ratio | target |",
+        "|---|---|---|---|---|",
+        f"| tool calls/s | {out['calls']['strict']['calls_per_s']:,.0f} | {out['calls']['off']['calls_per_s']:,.0f} |"
+        f" {calls['median']:g} (rounds {', '.join(f'{r:g}' for r in calls['rounds'])}) |"
+        f" >= 0.9: {verdict(calls['median'], 0.9, True)} |",
+    ]
+    p99 = {sandbox: out["batch"][sandbox]["think_time"]["seed"].get("p99_ms") for sandbox in ("strict", "off")}
+    lines.append(
+        f"| cold batch, seed p99 | {p99['strict']} ms | {p99['off']} ms |"
+        f" {batch['median']:g} (rounds {', '.join(f'{r:g}' for r in batch['rounds'])}) |"
+        f" <= 1.2: {verdict(batch['median'], 1.2, False)} |"
+    )
+    strict, off = out["starts"]["strict"], out["starts"]["off"]
+    lines += [
+        f"| instance start, p50 / p99 | {strict['wall_p50_ms']} / {strict['wall_p99_ms']} ms |"
+        f" {off['wall_p50_ms']} / {off['wall_p99_ms']} ms | {starts:g} (p99) | <= 2: {verdict(starts, 2.0, False)} |",
+        f"| instance start, CPU in the template / the instance / the server | {strict['template_cpu_ms']} /"
+        f" {strict['instance_cpu_ms']} / {strict['server_cpu_ms']} ms | {off['template_cpu_ms']} /"
+        f" {off['instance_cpu_ms']} / {off['server_cpu_ms']} ms | | |",
+        f"| an idle instance's PSS | {strict['idle_instance_pss_mb']} MB | {off['idle_instance_pss_mb']} MB | | |",
+    ]
+    return "\n".join(lines)
+
+
 def cold_start_tables(out: dict[str, Any], source: str) -> str:
     """A cold batch and one start, instances constructed once in the template beside each constructing its own."""
     each, once = out["construct_each"], out["construct_once"]
@@ -613,6 +652,8 @@ def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
         text = _replace(text, PROCESS_START, PROCESS_END, process_mode_tables(results["process_mode"], source))
     if "request_profile" in results:
         text = _replace(text, PROFILE_START, PROFILE_END, request_profile_tables(results["request_profile"], source))
+    if "confinement" in results:
+        text = _replace(text, CONFINEMENT_START, CONFINEMENT_END, confinement_tables(results["confinement"], source))
     readme.write_text(text)
 
 

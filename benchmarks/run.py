@@ -359,13 +359,17 @@ def sixty_four(url: str, rows: str, pid: int, quick: bool) -> dict[str, Any]:
     return played
 
 
-def instance_starts(folder: Path, count: int, *, construct_once: bool = True) -> dict[str, float]:
-    """``count`` process-mode instances started one after another by the launcher the pool uses, each until it
-    answers its card (asked again every 50 ms while it cannot be reached, as the pool asks): wall time a start, the
-    CPU of each process involved a start (this one, the template, the instances), and an idle instance's
-    proportional set size."""
+def instance_starts(
+    folder: Path, count: int, *, construct_once: bool = True, sandbox: str = "auto"
+) -> dict[str, float]:
+    """``count`` process-mode instances started one after another by the launcher the pool uses (confined as
+    ``sandbox`` says), each until it answers its card (asked again every 50 ms while it cannot be reached, as the
+    pool asks): wall time a start (mean, median, p99), the CPU of each process involved a start (this one, the
+    template, the instances, the sandbox's), and an idle instance's proportional set size (a confined one's keeper
+    included)."""
     import asyncio
 
+    from gymhost._confinement import confinement
     from gymhost.environments._agentenv._forking import BundleLauncher
     from gymhost.environments._errors import EnvUnavailableError
     from gymhost.environments._settings import PoolSettings
@@ -379,7 +383,11 @@ def instance_starts(folder: Path, count: int, *, construct_once: bool = True) ->
                 await asyncio.sleep(0.05)
 
     async def run() -> dict[str, float]:
-        launcher = BundleLauncher(folder / "bundle", construct_once=construct_once)
+        launcher = BundleLauncher(
+            folder / "bundle",
+            construct_once=construct_once,
+            confinement=confinement(sandbox),  # type: ignore[arg-type]
+        )
         settings = PoolSettings.model_validate({})
         first = await launcher.launch(0, settings)  # the template started and warm
         await answered(first.client)
@@ -387,23 +395,30 @@ def instance_starts(folder: Path, count: int, *, construct_once: bool = True) ->
         before_template = {pid: cpu_seconds(pid) for pid in tree(me)}
         own = cpu_seconds(me)
         began = time.perf_counter()
-        started = []
+        started, each = [], []
         for index in range(1, count + 1):
+            one = time.perf_counter()
             instance = await launcher.launch(index, settings)
             await answered(instance.client)
+            each.append(time.perf_counter() - one)
             started.append(instance)
         wall = time.perf_counter() - began
         after = {pid: cpu_seconds(pid) for pid in tree(me)}
+        last = started[-1].process.pid  # type: ignore[union-attr]
         pss = 0.0
-        for line in Path(f"/proc/{started[-1].process.pid}/smaps_rollup").read_text().splitlines():  # type: ignore[union-attr]
-            if line.startswith("Pss:"):
-                pss = int(line.split()[1]) / 1024
+        for pid in [last, *tree(last)]:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    pss += int(line.split()[1]) / 1024
         for instance in [first, *started]:
             await launcher.stop(instance)
         await launcher.close()
         template = sum(after[pid] - before_template[pid] for pid in before_template if pid in after)
         instances = sum(value for pid, value in after.items() if pid not in before_template)
+        each.sort()
         return {"starts": count, "wall_ms": round(wall * 1000 / count, 1),
+                "wall_p50_ms": round(each[len(each) // 2] * 1000, 1),
+                "wall_p99_ms": round(each[min(len(each) - 1, int(len(each) * 0.99))] * 1000, 1),
                 "server_cpu_ms": round((cpu_seconds(me) - own) * 1000 / count, 2),
                 "template_cpu_ms": round(template * 1000 / count, 2),
                 "instance_cpu_ms": round(instances * 1000 / count, 2),

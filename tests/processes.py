@@ -193,6 +193,27 @@ def parent(pid: int) -> int:
         return int(stat.read().rsplit(")", 1)[1].split()[1])
 
 
+def hosting(server: int, template: int) -> list[int]:
+    """The processes from the one ``server`` started for its pool's template down to the template: confined, the
+    sandbox's (bwrap, and the first process of the template's PID namespace) and the template; else the template."""
+    chain = [template]
+    while (above := parent(chain[0])) != server:
+        chain.insert(0, above)
+    return chain
+
+
+def instance_processes(pid: int) -> list[int]:
+    """An instance's process as the pool reports it, and what runs under it: confined, that is the instance's
+    keeper, and under it the instance itself, first of a PID namespace of its own (``_confinement._rules``)."""
+    return sorted([pid, *descendants(pid)])
+
+
+def environment_process(pid: int) -> int:
+    """The process that runs an instance's environment: a confined instance's keeper's one child, else ``pid``."""
+    below = children(pid)
+    return below[0] if below else pid
+
+
 def descendants(pid: int) -> list[int]:
     """Children, their children, and so on: a pool's template process and the instances it forked."""
     found = []

@@ -23,15 +23,18 @@ from typing import Any
 
 import pytest
 
+from gymhost._confinement import confinement
 from gymhost.environments._agentenv._forking import BundleLauncher
 from gymhost.environments._backend import Catalog, Instance
 from gymhost.environments._settings import PoolSettings
 
 from .agentenv_helpers import until_described
-from .processes import STATE_TIMEOUT_S, alive, children
+from .processes import STATE_TIMEOUT_S, alive, children, descendants
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
+# Processes are named as the sandbox's /proc names them (the pid of a confined instance's own PID namespace is 1 in
+# each), and each construction by a token of its own (a template started again may get its predecessor's number).
 NOTES_ENV = """
 import _thread
 import os
@@ -39,15 +42,21 @@ import socket
 import tempfile
 import threading
 import time
+import uuid
 from typing import Any
 
 from agentenv_protocol import AgentEnvEnvironment, environment_card, tool
 
 
+def this_process() -> int:
+    return int(os.readlink("/proc/self"))
+
+
 @environment_card(name="notes")
 class NotesEnv(AgentEnvEnvironment):
     def __init__(self) -> None:
-        self.constructed_in = os.getpid()
+        self.construction = uuid.uuid4().hex
+        self.constructed_in = this_process()
         self.notes: list[str] = []
         self.shared = {"notes": self.notes}  # nested state: a copy per instance too
         CONSTRUCTOR_EXTRA
@@ -56,7 +65,12 @@ class NotesEnv(AgentEnvEnvironment):
     async def note(self, text: str) -> dict[str, Any]:
         \"\"\"Keep a note; answer every note kept, and where the environment was made and runs.\"\"\"
         self.notes.append(text)
-        return {"notes": self.shared["notes"], "constructed_in": self.constructed_in, "serving_in": os.getpid()}
+        return {
+            "notes": self.shared["notes"],
+            "construction": self.construction,
+            "constructed_in": self.constructed_in,
+            "serving_in": this_process(),
+        }
 """
 
 # What a constructor may do that a fork cannot carry over: then each instance constructs its own.
@@ -104,46 +118,51 @@ async def note(instance: Instance, text: str) -> dict[str, Any]:
 
 
 def template_pid(launcher: BundleLauncher) -> int:
+    """The process the launcher started for its template (confined, the sandbox's, which the template dies with)."""
     assert launcher._template is not None
     return launcher._template.process.pid
 
 
+def constructed_once_in_the_template(one: dict[str, Any], two: dict[str, Any]) -> None:
+    """Constructed once, in a process that serves neither (the template), and forked: each instance serves in a
+    process of its own."""
+    assert one["construction"] == two["construction"]
+    assert one["constructed_in"] == two["constructed_in"]
+    assert len({one["serving_in"], two["serving_in"], one["constructed_in"]}) == 3
+
+
 async def test_instances_forked_from_one_constructed_environment_share_no_state(tmp_path: Path) -> None:
-    async with launched(tmp_path, 2) as (launcher, (first, second)):
+    async with launched(tmp_path, 2) as (_, (first, second)):
         one = await note(first, "a")
         two = await note(second, "b")
         again = await note(first, "c")
-        template = template_pid(launcher)
     assert one["notes"] == ["a"]
     assert two["notes"] == ["b"], "a note kept by one instance reached another"
     assert again["notes"] == ["a", "c"]
-    # Constructed once, in the template, and forked: each instance serves in a process of its own.
-    assert one["constructed_in"] == two["constructed_in"] == template
-    assert len({one["serving_in"], two["serving_in"], template}) == 3
+    constructed_once_in_the_template(one, two)
 
 
 async def test_a_template_that_died_is_started_again_for_the_next_instance(tmp_path: Path) -> None:
     async with launched(tmp_path, 1) as (launcher, (first,)):
-        before = template_pid(launcher)
-        os.kill(before, signal.SIGKILL)
+        before = (await note(first, "before"))["construction"]
+        os.kill(template_pid(launcher), signal.SIGKILL)
         await asyncio.wait_for(launcher.exited(first), STATE_TIMEOUT_S)  # it dies with its template
         second = await launcher.launch(1, PoolSettings())
         try:
             await until_described(second)
             answer = await note(second, "a")
-            after = template_pid(launcher)
         finally:
             await launcher.stop(second)
     assert answer["notes"] == ["a"]
-    assert answer["constructed_in"] == after != before, "not forked from a new template"
+    assert answer["construction"] != before, "not forked from a new template"
+    assert answer["constructed_in"] != answer["serving_in"]
 
 
 async def test_a_constructor_that_only_reads_files_is_constructed_once(tmp_path: Path) -> None:
     extra = "self.source = open(__file__).read()"  # read, and closed: nothing outside the process changes
-    async with launched(tmp_path, 2, extra=extra) as (launcher, (first, second)):
+    async with launched(tmp_path, 2, extra=extra) as (_, (first, second)):
         one, two = await note(first, "a"), await note(second, "b")
-        template = template_pid(launcher)
-    assert one["constructed_in"] == two["constructed_in"] == template
+    constructed_once_in_the_template(one, two)
 
 
 async def test_construct_once_false_constructs_in_each_instance(tmp_path: Path) -> None:
@@ -215,7 +234,9 @@ async def test_an_import_that_starts_a_thread_is_imported_once_an_instance(tmp_p
     bundle = tmp_path / "ticking"
     bundle.mkdir()
     (bundle / "env.py").write_text(TICKING_ENV)
-    launcher = BundleLauncher(bundle)
+    # Unconfined: each import writes to the bundle's folder, where the test counts them (a confined one cannot:
+    # tests/test_confinement.py serves such an environment confined).
+    launcher = BundleLauncher(bundle, confinement=confinement("off"))
     instances = []
     try:
         for index in range(3):
@@ -242,11 +263,19 @@ import asyncio
 import sys
 from pathlib import Path
 
+from gymhost._confinement import confinement
 from gymhost.environments._agentenv._forking import BundleLauncher
 from gymhost.environments._settings import PoolSettings
 
 asyncio.run(BundleLauncher(Path(sys.argv[1])).launch(0, PoolSettings()))
 """
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:  # gone
+        return ""
 
 
 def test_a_template_stuck_in_a_constructor_dies_with_the_server(tmp_path: Path) -> None:
@@ -263,8 +292,10 @@ def test_a_template_stuck_in_a_constructor_dies_with_the_server(tmp_path: Path) 
         while not constructing:  # the template, and under it the throwaway child running the constructor
             assert server.poll() is None, "the server exited"
             assert time.monotonic() < deadline, "the template never started constructing"
-            templates = children(server.pid)
-            constructing = [child for template in templates for child in children(template)]
+            templates = descendants(server.pid)  # the template, and the sandbox's processes above it (confined)
+            constructing = [
+                child for template in templates if "_template" in command_line(template) for child in children(template)
+            ]
             time.sleep(0.05)
         server.kill()
         server.wait()

@@ -18,7 +18,7 @@ from gymhost import EpisodeClient
 from gymhost.environments import awrite_folder
 
 from .agentenv_helpers import COUNTER_ENV, make_bundle, pool_status, rows, served
-from .processes import STATE_TIMEOUT_S, alive, children, parent
+from .processes import STATE_TIMEOUT_S, alive, children, hosting, parent
 from .verdicts import verdict
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -110,7 +110,7 @@ async def test_instances_free_past_instance_idle_s_are_stopped_down_to_the_minim
         assert status["counters"]["instances_stopped"] == 3
         kept = [status["instances"][0]["pid"]]
         template = parent(kept[0])  # instances are forked from the pool's template process
-        assert children(os.getpid()) == [template]
+        assert children(os.getpid()) == hosting(os.getpid(), template)[:1]
         deadline = time.monotonic() + STATE_TIMEOUT_S  # stopped gracefully, then reaped
         while children(template) != kept and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
@@ -127,8 +127,10 @@ async def test_start_ups_run_in_parallel_a_bounded_number_at_a_time(tmp_path: Pa
     log = tmp_path / "startups.log"
     folder = await write(tmp_path, "1:7", slow={"log": str(log), "sleep": 0.6})
     row = rows(folder)[0]
-    # Each instance runs the slow constructor after its fork (by default the template would construct once).
-    async with served(folder, parallel_startups=2, source={"construct_once": False}) as transport:
+    # Each instance runs the slow constructor after its fork (by default the template would construct once), and
+    # writes to the test's log: unconfined, as a confined one could not (tests/test_confinement.py).
+    source = {"construct_once": False, "sandbox": "off"}
+    async with served(folder, parallel_startups=2, source=source) as transport:
         log.write_text("")  # only the start-ups the seeds cause
         held = await asyncio.gather(*(hold(transport, row) for _ in range(7)))
         assert [code for _, code in held] == [200] * 7

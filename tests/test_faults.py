@@ -31,7 +31,10 @@ from .processes import (
     assert_stopped_cleanly,
     children,
     descendants,
+    environment_process,
     gymhost_command,
+    hosting,
+    instance_processes,
     parent,
     serving,
 )
@@ -153,7 +156,8 @@ async def test_a_broken_instance_costs_one_masked_episode_then_is_replaced(
     assert after["pid"] != before["pid"], "the broken instance was put back instead of replaced"
     wait_for(f"the broken instance {before['pid']} is gone", lambda: not alive(before["pid"]), timeout=10)
     template = parent(after["pid"])  # instances are forked from the pool's template process
-    assert descendants(server.process.pid) == sorted([template, after["pid"]])
+    expected = [*hosting(server.process.pid, template), *instance_processes(after["pid"])]
+    assert descendants(server.process.pid) == sorted(expected)
     replayed = await play_right(server.url, row)
     assert (replayed["reward"], replayed["mask_sample"]) == (1.0, False), replayed
     now = pool_status_of(server.url)["counters"]
@@ -183,7 +187,7 @@ async def test_an_instance_killed_while_free_costs_no_episode(server: ServerProc
 def test_instance_processes_do_not_preempt_the_server_on_wakeup(server: ServerProcess) -> None:
     """Instances are batch processes to the scheduler (the server's writes wake them without taking its core); the
     server itself is an ordinary one."""
-    assert os.sched_getscheduler(the_free_instance(server)["pid"]) == os.SCHED_BATCH
+    assert os.sched_getscheduler(environment_process(the_free_instance(server)["pid"])) == os.SCHED_BATCH
     assert os.sched_getscheduler(server.process.pid) == os.SCHED_OTHER
 
 
@@ -218,7 +222,7 @@ async def test_no_instance_outlives_a_server_killed_mid_call(tmp_path: Path, row
                 "the replacement was up before the kill: too slow a test"
             )
             assert len(started) == 3, started  # the hanging instance, the idle one, the replacement
-            started.append(template)
+            started = [*hosting(server.process.pid, template), *descendants(template)]  # and what runs under them
             server.process.send_signal(signal.SIGKILL)
             server.process.wait(STATE_TIMEOUT_S)
             with pytest.raises(httpx.TransportError):

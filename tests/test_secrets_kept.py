@@ -125,7 +125,10 @@ async def test_a_process_instance_finds_no_secret(tmp_path: Path) -> None:
     (bundle / "env.py").write_text(LOOKING_ENV)
     folder = (await awrite_folder(str(bundle), tmp_path / "root", instances=1, mode="process")).path
     row = rows(folder)[0]
-    with serving(gymhost_command("serve", str(folder), "--port", "0"), env={**SECRETS, **CREDENTIAL}) as server:
+    # Unconfined (a confined instance cannot read its template's environment, nor see its server): the secrets are
+    # kept whatever the sandbox (tests/test_confinement.py has the confined instance).
+    command = gymhost_command("serve", str(folder), "--port", "0", "--sandbox", "off")
+    with serving(command, env={**SECRETS, **CREDENTIAL}) as server:
         async with EpisodeClient(server.url, token=TOKEN) as episode:
             await episode.seed(row)
             answer = await episode.post("/look", {})

@@ -22,7 +22,16 @@ import pytest
 
 from .agentenv_helpers import pool_status_of
 from .fault_helpers import Outcome, await_for, awrite_faulty, problems, rss_mb, run_many, the_row
-from .processes import ServerProcess, assert_stopped_cleanly, descendants, gymhost_command, parent, serving
+from .processes import (
+    ServerProcess,
+    assert_stopped_cleanly,
+    descendants,
+    gymhost_command,
+    hosting,
+    instance_processes,
+    parent,
+    serving,
+)
 
 pytestmark = [
     pytest.mark.nemo_gym,
@@ -133,8 +142,10 @@ async def test_faults_and_abandons_under_load_cost_only_their_episodes(tmp_path:
         )
 
         processes = descendants(pid)
-        expected = [instance["pid"] for instance in after["instances"]] if mode == "process" else []
-        expected += sorted({parent(child) for child in expected})  # the template the instances were forked from
+        instances = [instance["pid"] for instance in after["instances"]] if mode == "process" else []
+        expected = [below for instance in instances for below in instance_processes(instance)]
+        for template in {parent(instance) for instance in instances}:  # the template they were forked from
+            expected += hosting(pid, template)
         assert processes == sorted(expected), f"the server's processes {processes}, its instances {expected}"
         fds, rss = open_fds(pid), rss_mb(pid)
         kinds = Counter((o.kind, (o.verdict or {}).get("failure_kind")) for o in outcomes)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ._client import EpisodeClient, ToolOutput, Transcript
 from ._config import NO_TOKEN, AppSettings, ServeConfig
 from ._exceptions import (
+    ConfinementError,
     FolderError,
     GatewayError,
     GymhostError,
@@ -26,6 +27,7 @@ from ._version import __version__
 __all__ = [
     "NO_TOKEN",
     "AppSettings",
+    "ConfinementError",
     "EpisodeClient",
     "FolderError",
     "GatewayError",

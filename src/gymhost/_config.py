@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JSON_DEPTH",
+    "DEFAULT_SANDBOX",
     "DRAIN_TIMEOUT_ENV_VAR",
     "FOLDERS_SPLIT_NOTE",
     "FOLDER_ENV_VAR",
@@ -40,6 +41,8 @@ __all__ = [
     "NO_TOKEN",
     "PARENT_PID_ENV_VAR",
     "REPLICA_ENV_VAR",
+    "SANDBOXES",
+    "SANDBOX_ENV_VAR",
     "SECRET_ENV_VAR",
     "SECRET_SETTINGS",
     "SERVERS",
@@ -48,12 +51,14 @@ __all__ = [
     "AppSettings",
     "MaskedVerdicts",
     "NoToken",
+    "Sandbox",
     "ServeConfig",
     "ServerName",
     "configured_agent_env_python",
     "configured_drain_timeout",
     "configured_folders",
     "configured_replica_id",
+    "configured_sandbox",
     "configured_secret",
     "resolve_masked_verdicts",
     "resolve_token",
@@ -77,6 +82,12 @@ FOLDERS_SPLIT_NOTE: Final = f"{FOLDER_ENV_VAR} is split on spaces: a path with a
 PARENT_PID_ENV_VAR: Final = "GYMHOST_PARENT_PID"  # a gymhost process another one started dies with it
 MASKED_VERDICTS_ENV_VAR: Final = "GYMHOST_MASKED_VERDICTS"
 DRAIN_TIMEOUT_ENV_VAR: Final = "GYMHOST_DRAIN_TIMEOUT"
+SANDBOX_ENV_VAR: Final = "GYMHOST_SANDBOX"
+# How hosted code runs (``gymhost._confinement``): ``auto`` the strongest confinement this machine allows, ``strict``
+# namespaces or no start, ``off`` none (the code is trusted).
+Sandbox = Literal["auto", "strict", "off"]
+SANDBOXES: Final[tuple[Sandbox, ...]] = ("auto", "strict", "off")
+DEFAULT_SANDBOX: Final[Sandbox] = "auto"
 DEFAULT_DRAIN_TIMEOUT: Final = 120  # seconds; ServeConfig.drain_timeout says why
 VENV_DIR_ENV_VAR: Final = "GYMHOST_VENV_DIR"  # where folders' own venvs are kept (default ~/.cache/gymhost/venvs)
 AGENT_ENV_PYTHON_ENV_VAR: Final = "GYMHOST_AGENT_ENV_PYTHON"  # the interpreter with agentenv-framework[openenv]
@@ -159,6 +170,17 @@ def configured_drain_timeout() -> int:
     if seconds is None:
         raise ServeError(f"{DRAIN_TIMEOUT_ENV_VAR} is {value!r}; expected a whole number of seconds, 0 or more")
     return seconds
+
+
+def configured_sandbox() -> Sandbox | None:
+    """``GYMHOST_SANDBOX`` (``gymhost serve --sandbox``), when set: the operator's choice, over a written config's."""
+    value = os.environ.get(SANDBOX_ENV_VAR, "").strip()
+    if not value:
+        return None
+    for sandbox in SANDBOXES:
+        if value == sandbox:
+            return sandbox
+    raise ServeError(f"{SANDBOX_ENV_VAR} is {value!r}; expected one of: {', '.join(SANDBOXES)}")
 
 
 def configured_folders() -> tuple[str, ...]:

@@ -13,6 +13,7 @@ are exported from ``gymhost.environments``, the others become a masked verdict o
     ├── UnmappedServerError (LookupError)        a call to a Gym server nobody mapped
     ├── UpstreamUnavailableError (ConnectionError)
     ├── ServeError                               a server that cannot start
+    │   └── ConfinementError                     --sandbox strict where namespaces are not allowed
     │                                                                    -- environments: writing, checking a folder
     ├── TaskError, SourceError, CatalogError, WriteError, CheckError
     │                                                                    -- environments: the pool and its instances
@@ -34,6 +35,7 @@ are exported from ``gymhost.environments``, the others become a masked verdict o
 from __future__ import annotations
 
 __all__ = [
+    "ConfinementError",
     "FolderError",
     "GatewayError",
     "GymhostError",
@@ -86,3 +88,7 @@ class UpstreamUnavailableError(GymhostError, ConnectionError):
 
 class ServeError(GymhostError):
     """A server could not start: the address is taken, the host cannot be bound, or a setting is unusable."""
+
+
+class ConfinementError(ServeError):
+    """``--sandbox strict`` asked for hosted code confined in namespaces, and this machine does not allow them."""

@@ -1,10 +1,26 @@
 """What a process of hosted code may reach: the code gymhost serves but did not write (a written bundle's
 environment, agent-env's app), which the model acts through.
 
-Its environment is an allow-list (``_environment``); gymhost's own secrets never reach it (``_config.take_secrets``
-takes them out of the server's environment before any hosted code runs).
+One interface (``_base.Confinement``), chosen once a process (``confinement``, from ``--sandbox``), with the levels
+as its backends: ``namespaces`` (``_bubblewrap``; each instance then confines itself, ``_rules``) and ``none``
+(``_unconfined``). Whatever the level, the environment of hosted code is an allow-list (``_environment``), and
+gymhost's own secrets are not in the server's (``_config.take_secrets``).
 """
 
+from ._base import DEFAULT_SCRATCH_BYTES, Confinement, Level
+from ._choice import confinement, find_bwrap
 from ._environment import PASSED, hosted_environment
+from ._rules import Rules, drop_privileges, enter_instance
 
-__all__ = ["PASSED", "hosted_environment"]
+__all__ = [
+    "DEFAULT_SCRATCH_BYTES",
+    "PASSED",
+    "Confinement",
+    "Level",
+    "Rules",
+    "confinement",
+    "drop_privileges",
+    "enter_instance",
+    "find_bwrap",
+    "hosted_environment",
+]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import click
@@ -17,6 +18,8 @@ from .._config import (
     MASKED_VERDICTS_ENV_VAR,
     NO_TOKEN,
     REPLICA_ENV_VAR,
+    SANDBOX_ENV_VAR,
+    SANDBOXES,
     SERVERS,
     TOKEN_ENV_VAR,
     AppSettings,
@@ -178,6 +181,16 @@ __all__ = ["serve"]
     help="Connections queued before they are accepted (a burst of connects; the kernel caps it at net.core.somaxconn).",
 )
 @click.option(
+    "--sandbox",
+    envvar=SANDBOX_ENV_VAR,
+    show_envvar=True,
+    type=click.Choice(SANDBOXES),
+    default=None,
+    help="How hosted code (a written bundle's process instances) runs. auto (a folder's default): confined in "
+    "namespaces where this machine allows them, else unconfined, said at start; strict: confined or no start; off: "
+    "unconfined, the code trusted. Over what a written folder's config says.  [default: the folder's, else auto]",
+)
+@click.option(
     "--root-path",
     default=ServeConfig.root_path,
     metavar="PREFIX",
@@ -196,6 +209,9 @@ def serve(paths: tuple[str, ...], only: str | None, **options: Any) -> None:
     With no argument, the folders or names in GYMHOST_FOLDER (separated by spaces), as the container image runs.
     """
     take_secrets()  # click has read GYMHOST_TOKEN: from here on, no code this process hosts finds it
+    sandbox = options.pop("sandbox")
+    if sandbox is not None:  # read where each folder's launcher starts, in this process, its workers or its venv
+        os.environ[SANDBOX_ENV_VAR] = sandbox
     source = click.get_current_context().get_parameter_source("paths")
     with one_line_errors():
         config = _config(paths, only, **options)

@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 from agentenv_protocol.client import find_extension
 from pydantic import Field
 
+from ..._config import DEFAULT_SANDBOX, Sandbox, configured_sandbox
+from ..._confinement import confinement
 from ..._exceptions import FolderError
 from .._backend import Backend, Catalog, Launcher, ServerFolder, Source, WriteOptions
 from .._catalog import checked
@@ -55,6 +57,10 @@ class BundleSource(SourceConfig):
     construct_once: bool = Field(
         default=DEFAULT_CONSTRUCT_ONCE,
         description="process mode: instances forked from one constructed environment (false: each constructs its own)",
+    )
+    sandbox: Sandbox = Field(
+        default=DEFAULT_SANDBOX,
+        description="process mode: how instances are confined (auto, strict, off); GYMHOST_SANDBOX overrides it",
     )
 
 
@@ -116,7 +122,8 @@ class BundleBackend(_AgentenvBackend[BundleSource]):
             raise FolderError(f"{bundle}: no {ENTRY}; a bundle holds its environment in {ENTRY}")
         if source.mode == "in_process":
             return InProcessLauncher(bundle)
-        return BundleLauncher(bundle, construct_once=source.construct_once)
+        sandbox = configured_sandbox() or source.sandbox  # the operator's choice over the folder's
+        return BundleLauncher(bundle, construct_once=source.construct_once, confinement=confinement(sandbox))
 
     async def inspect(self, given: str, options: WriteOptions) -> Source | None:
         if is_url(given):

@@ -3,9 +3,14 @@
 ``BundleLauncher`` starts the template (``_template``) on first use and asks it for an instance per launch; each
 instance answers on a Unix socket of its own in a private folder (``_channel``), so no port is picked and nobody else
 on the machine can reach it. Instances are not this process's children (the template's), so they are watched through a
-pidfd: the pool hears of an exit as it happens, and signals go to the very process that was started, never to a
-recycled pid. When the environment cannot be forked (its import started threads), each instance is started as a
-process of its own (``--serve``), watched as an ordinary child."""
+pidfd, which the template opens and hands over on a socket (``SCM_RIGHTS``): the pool hears of an exit as it
+happens, signals go to the very process that was started, never to a recycled pid, and a pid the template sees in
+a PID namespace of its own never has to mean anything here. When the environment cannot be forked (its import
+started threads), each instance is started as a process of its own (``--serve``), watched as an ordinary child.
+
+Both are processes of hosted code, started through the server's confinement (``gymhost._confinement``): its
+command, its rules (``--confine``: what the process does to itself, the template before it imports the bundle and
+each instance where it begins), and the one folder they write to, the instances' sockets."""
 
 from __future__ import annotations
 
@@ -14,36 +19,41 @@ import contextlib
 import os
 import select
 import signal
+import socket
 import sys
 from pathlib import Path
 
-from ..._confinement import hosted_environment
+from ..._config import DEFAULT_SANDBOX, configured_sandbox
+from ..._confinement import Confinement, Rules, confinement, hosted_environment
 from ..._scratch import remove, scratch_folder
 from .._backend import Instance
 from .._errors import StartupError
 from .._settings import DEFAULT_CONSTRUCT_ONCE, PoolSettings
 from ._channel import ChannelClient
 
-__all__ = ["CONSTRUCT_EACH", "SERVER_PID", "SPAWNED", "TEMPLATE_READY", "BundleLauncher"]
+__all__ = ["CONFINE", "CONSTRUCT_EACH", "PIDFDS", "SERVE", "SERVER_PID", "SPAWNED", "TEMPLATE_READY", "BundleLauncher"]
 
 # The template's protocol (``_template``): it says TEMPLATE_READY fork|nofork, then answers each spawn with SPAWNED PID.
 TEMPLATE_READY = "gymhost-template"
 SPAWNED = "spawned"
 CONSTRUCT_EACH = "--construct-each"  # the template's option: each instance constructs its environment after its fork
+CONFINE = "--confine"  # the template's and an instance's option: the rules it confines itself by (``_confinement``)
+PIDFDS = "--pidfds"  # the template's option: the socket it hands each instance's pidfd over
+SERVE = "--serve"  # the template's option: no template, one instance answering on this socket path
 SERVER_PID = "GYMHOST_TEMPLATE_SERVER_PID"  # the process the template dies with (set in the template's environment)
 _STOP_GRACE_S = 5.0
+_END_OF_INPUT_GRACE_S = 2.0  # a template reads its input between spawns: it exits at once, unless stuck importing
 _TEMPLATE = ("-m", "gymhost.environments._agentenv._template")
 
 
 class ForkedProcess:
     """An instance the template forked: watched and signalled through a pidfd."""
 
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        try:
-            self._pidfd: int | None = os.pidfd_open(pid)
-        except ProcessLookupError:  # gone already
-            self._pidfd = None
+    def __init__(self, pidfd: int | None, pid: int) -> None:
+        """``pidfd`` None: the instance was gone before the template could open one; ``pid`` as the template sees
+        it, for messages when this process's own view of it cannot be read."""
+        self._pidfd = pidfd
+        self.pid = _pid_of(pidfd) or pid
         self._exit: asyncio.Future[None] | None = None
 
     def exited_now(self) -> bool:
@@ -121,22 +131,25 @@ class SpawnedProcess:
 class _Template:
     """The template process and the protocol on its pipes; one spawn at a time (a fork takes milliseconds)."""
 
-    def __init__(self, process: asyncio.subprocess.Process, forks: bool) -> None:
+    def __init__(self, process: asyncio.subprocess.Process, forks: bool, pidfds: socket.socket) -> None:
         self.process = process
         self.forks = forks
+        self._pidfds = pidfds
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls, bundle: Path, timeout: float, *, construct_once: bool) -> _Template:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            *_TEMPLATE,
-            str(bundle),
-            *([] if construct_once else [CONSTRUCT_EACH]),
-            stdin=asyncio.subprocess.PIPE,  # commands; closed (or the server dies): the template and its instances go
-            stdout=asyncio.subprocess.PIPE,
-            env=hosted_environment(**{SERVER_PID: str(os.getpid())}),  # never the server's own
-        )
+    async def start(cls, start: _Start, timeout: float, *, construct_once: bool) -> _Template:
+        pidfds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            arguments = [*([] if construct_once else [CONSTRUCT_EACH]), PIDFDS, str(theirs.fileno())]
+            process = await start.process(arguments, stdout=asyncio.subprocess.PIPE, pass_fds=(theirs.fileno(),))
+        except BaseException:
+            pidfds.close()
+            raise
+        finally:
+            theirs.close()
+        pidfds.setblocking(False)
+        bundle = start.bundle
         try:
             # Importing, then constructing twice (in a throwaway child, then for good): more than one start's limit.
             words = await _line(process, timeout * (3 if construct_once else 1))
@@ -144,28 +157,60 @@ class _Template:
             await _terminate(process)
             raise
         if words[:1] != [TEMPLATE_READY] or len(words) != 2:
+            pidfds.close()
             await _terminate(process)
             raise StartupError(
                 f"{bundle}/env.py: the instance template exited with status {process.returncode} before serving "
                 "(its error output is above)"
             )
-        return cls(process, forks=words[1] == "fork")
+        return cls(process, forks=words[1] == "fork", pidfds=pidfds)
 
     def alive(self) -> bool:
         return self.process.returncode is None
 
-    async def spawn(self, path: Path, timeout: float) -> int:
+    async def spawn(self, path: Path, timeout: float) -> ForkedProcess:
         async with self._lock:
             assert self.process.stdin is not None
             self.process.stdin.write(f"spawn {path}\n".encode())
             await self.process.stdin.drain()
             words = await _line(self.process, timeout)
-        if len(words) != 2 or words[0] != SPAWNED:
-            raise StartupError(f"the instance template answered {' '.join(words)!r}, not a new instance")
-        return int(words[1])
+            if len(words) != 2 or words[0] != SPAWNED:
+                raise StartupError(f"the instance template answered {' '.join(words)!r}, not a new instance")
+            try:  # sent before the line above: waiting in the socket already
+                _, pidfds, _, _ = socket.recv_fds(self._pidfds, 1, 1)
+            except BlockingIOError:
+                raise StartupError("the instance template spawned an instance and handed over no pidfd") from None
+        return ForkedProcess(pidfds[0] if pidfds else None, int(words[1]))
 
     async def stop(self) -> None:
+        self._pidfds.close()
         await _terminate(self.process)
+
+
+class _Start:
+    """How a bundle's hosted processes (its template, or an instance on its own) start: its Python module, run
+    through the server's confinement, with an environment of its own."""
+
+    def __init__(self, bundle: Path, confinement: Confinement) -> None:
+        self.bundle = bundle
+        self.confinement = confinement
+        self.folder = scratch_folder("instances")
+        self.sockets = confinement.hand_over(self.folder)
+        self.rules: Rules | None = confinement.rules(hidden=[self.sockets])
+
+    async def process(self, arguments: list[str], **options: object) -> asyncio.subprocess.Process:
+        argv = [sys.executable, *_TEMPLATE, str(self.bundle), *arguments]
+        if self.rules is not None:
+            argv += [CONFINE, self.rules.to_argument()]
+        # A process the sandbox tool started dies with it, and it with the server; one started directly is told
+        # which process to die with (``_template._die_with_server``): the pid means nothing in a namespace.
+        told = {SERVER_PID: str(os.getpid())} if self.rules is None else {}
+        return await asyncio.create_subprocess_exec(
+            *self.confinement.command(argv, readable=[self.bundle], writable=[self.sockets]),
+            stdin=asyncio.subprocess.PIPE,  # closed (or the server dies): the process goes, and the instances too
+            env=hosted_environment(**self.confinement.environment(), **told),  # never the server's own
+            **options,  # type: ignore[arg-type]
+        )
 
 
 class BundleLauncher:
@@ -173,33 +218,31 @@ class BundleLauncher:
 
     owns_instances = True
 
-    def __init__(self, bundle: Path, *, construct_once: bool = DEFAULT_CONSTRUCT_ONCE) -> None:
+    def __init__(
+        self,
+        bundle: Path,
+        *,
+        construct_once: bool = DEFAULT_CONSTRUCT_ONCE,
+        confinement: Confinement | None = None,
+    ) -> None:
+        """``confinement``: the level its processes run at; by default the one ``GYMHOST_SANDBOX`` (else ``auto``)
+        gives."""
         self.bundle = bundle
         self.construct_once = construct_once
+        self.confinement = confinement if confinement is not None else default_confinement()
         self.description = f"bundle {bundle}"
         self._template: _Template | None = None
         self._starting = asyncio.Lock()
-        self._sockets: Path | None = None
+        self._start: _Start | None = None
 
     async def launch(self, index: int, settings: PoolSettings) -> Instance:
         template = await self._template_up(settings.startup_timeout_s)
-        assert self._sockets is not None
-        path = self._sockets / f"{index}.sock"
+        assert self._start is not None
+        path = self._start.sockets / f"{index}.sock"
         if template.forks:
-            pid = await template.spawn(path, settings.startup_timeout_s)
-            process: ForkedProcess | SpawnedProcess = ForkedProcess(pid)
-        else:
-            process = SpawnedProcess(
-                await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    *_TEMPLATE,
-                    str(self.bundle),
-                    "--serve",
-                    str(path),
-                    stdin=asyncio.subprocess.PIPE,  # never written: closed when this process goes, and so it goes
-                    env=hosted_environment(),
-                )
-            )
+            process: ForkedProcess | SpawnedProcess = await template.spawn(path, settings.startup_timeout_s)
+        else:  # stdin never written: closed when this process goes, and so it goes
+            process = SpawnedProcess(await self._start.process([SERVE, str(path)]))
         client = ChannelClient(str(path), base_url=f"http://instance-{index}", data_timeout=settings.data_timeout_s)
         return Instance(index, client, process=process)
 
@@ -218,19 +261,39 @@ class BundleLauncher:
         template, self._template = self._template, None
         if template is not None:
             await template.stop()
-        if self._sockets is not None:
-            remove(self._sockets)
-            self._sockets = None
+        if self._start is not None:
+            remove(self._start.folder)
+            self._start = None
 
     async def _template_up(self, timeout: float) -> _Template:
         """The template, started on first use and again if it died (its instances died with it); one that said it
         cannot fork has exited on purpose, and is not started again for every instance."""
         async with self._starting:
             if self._template is None or (self._template.forks and not self._template.alive()):
-                if self._sockets is None:
-                    self._sockets = scratch_folder("instances")
-                self._template = await _Template.start(self.bundle, timeout, construct_once=self.construct_once)
+                if self._start is None:
+                    self._start = _Start(self.bundle, self.confinement)
+                self._template = await _Template.start(self._start, timeout, construct_once=self.construct_once)
             return self._template
+
+
+def default_confinement() -> Confinement:
+    """The confinement ``GYMHOST_SANDBOX`` asks for, else ``auto``'s."""
+    return confinement(configured_sandbox() or DEFAULT_SANDBOX)
+
+
+def _pid_of(pidfd: int | None) -> int | None:
+    """The process's pid as this process sees it (``/proc/self/fdinfo``), or None: exited, or no pidfd."""
+    if pidfd is None:
+        return None
+    try:
+        with open(f"/proc/self/fdinfo/{pidfd}") as info:
+            for line in info:
+                if line.startswith("Pid:"):
+                    pid = int(line.split()[1])
+                    return pid if pid > 0 else None
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 async def _line(process: asyncio.subprocess.Process, timeout: float) -> list[str]:
@@ -243,8 +306,13 @@ async def _line(process: asyncio.subprocess.Process, timeout: float) -> list[str
 
 
 async def _terminate(process: asyncio.subprocess.Process) -> None:
+    """The end of its input first: a template exits there, and its instances with it, each process reaped by its
+    parent on the way out (the sandbox's among them, which SIGTERM would kill before the processes under it);
+    SIGTERM if it has not gone meanwhile, SIGKILL past the grace period."""
     if process.stdin is not None:
-        process.stdin.close()  # a template exits at the end of its input, and its instances with it
+        process.stdin.close()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(process.wait(), _END_OF_INPUT_GRACE_S)
     if process.returncode is None:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)

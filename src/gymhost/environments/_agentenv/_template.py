@@ -12,10 +12,14 @@ The protocol on the template's stdin and stdout, one line each way:
   ``--construct-each``, constructed the environment where that is safe (``nofork``, and exits, when the
   environment's import started threads, which a fork would not carry over: then the launcher starts each instance
   as a process of its own, ``--serve PATH``, and no template again);
-- ``spawn PATH`` asks for an instance answering on the Unix socket PATH; the template binds PATH, forks and answers
-  ``spawned PID`` at once, and the instance answers there when it is ready: the pool's first describe connects at
-  once and waits in the socket's queue, with no polling for the socket to appear (``failed ERROR``: PATH could not
-  be bound).
+- ``spawn PATH`` asks for an instance answering on the Unix socket PATH; the template binds PATH, forks, hands the
+  instance's pidfd over on the socket ``--pidfds FD`` names, and answers ``spawned PID`` at once; the instance
+  answers there when it is ready: the pool's first describe connects at once and waits in the socket's queue, with
+  no polling for the socket to appear (``failed ERROR``: PATH could not be bound).
+
+Started confined (``--confine RULES``, ``gymhost._confinement``), the template becomes an unprivileged user before it
+imports the bundle, and each instance confines itself right after its fork, before it runs any of the bundle's code:
+its own namespaces and scratch, nothing of its siblings in reach.
 
 An instance runs its environment as the server runs an in-process one (``_launchers.host_in_process``) and answers
 the server's calls over its private channel (``_channel``): no ASGI server and no HTTP in the instance.
@@ -44,31 +48,60 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..._confinement import Rules, drop_privileges, enter_instance
 from ..._sessions._identity import die_with_parent
 from .._errors import StartupError
 from ._channel import listen_at, serve_instance
 from ._construct_once import constructed_once
-from ._forking import CONSTRUCT_EACH, SERVER_PID, SPAWNED, TEMPLATE_READY
+from ._forking import CONFINE, CONSTRUCT_EACH, PIDFDS, SERVE, SERVER_PID, SPAWNED, TEMPLATE_READY
 from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, host_in_process, load_environment_class, stop_in_process
 from ._schema_cache import install as install_schema_cache
 
+_USAGE = (
+    "usage: python -m gymhost.environments._agentenv._template BUNDLE "
+    f"({PIDFDS} FD [{CONSTRUCT_EACH}] | {SERVE} SOCKET_PATH) [{CONFINE} RULES]"
+)
+
 
 def main(argv: list[str]) -> None:
-    if len(argv) == 1 or argv[1:] == [CONSTRUCT_EACH]:
-        _die_with_server()
-        _template(Path(argv[0]).resolve(), construct_once=len(argv) == 1)
-    elif len(argv) == 3 and argv[1] == "--serve":
+    if not argv:
+        raise SystemExit(_USAGE)
+    bundle, options = Path(argv[0]).resolve(), _options(argv[1:])
+    rules = Rules.from_argument(options[CONFINE]) if CONFINE in options else None
+    if SERVE in options:
         _quiet_stdout()
+        if rules is not None:
+            drop_privileges(rules)
+        listening = listen_at(options[SERVE])  # before the import: the server's describe waits for it, not the file
+        if rules is not None:
+            enter_instance(rules)  # before any thread: a process with two cannot enter a user namespace
         threading.Thread(target=_exit_at_end_of_stdin, name="parent-watch", daemon=True).start()
-        listening = listen_at(argv[2])  # before the import: the server's describe waits for it, not for the file
-        _serve(_load(Path(argv[0]).resolve()), listening)
+        _serve(_load(bundle), listening)
+    elif PIDFDS in options:
+        _die_with_server()
+        if rules is not None:
+            drop_privileges(rules)
+        pidfds = socket.socket(fileno=int(options[PIDFDS]))
+        _template(bundle, construct_once=CONSTRUCT_EACH not in options, rules=rules, pidfds=pidfds)
     else:
-        raise SystemExit(
-            "usage: python -m gymhost.environments._agentenv._template BUNDLE [--construct-each | --serve SOCKET_PATH]"
-        )
+        raise SystemExit(_USAGE)
 
 
-def _template(bundle: Path, *, construct_once: bool) -> None:
+def _options(arguments: list[str]) -> dict[str, str]:
+    """``--name VALUE`` pairs and ``--construct-each``, the only flag; anything else ends the process with usage."""
+    options, rest = {}, list(arguments)
+    while rest:
+        name = rest.pop(0)
+        if name == CONSTRUCT_EACH:
+            options[name] = ""
+        elif name in (CONFINE, PIDFDS, SERVE) and rest:
+            options[name] = rest.pop(0)
+        else:
+            raise SystemExit(_USAGE)
+    return options
+
+
+def _template(bundle: Path, *, construct_once: bool, rules: Rules | None, pidfds: socket.socket) -> None:
     replies = _quiet_stdout()
     environment_class = _load(bundle)
     _preload()
@@ -93,10 +126,25 @@ def _template(bundle: Path, *, construct_once: bool) -> None:
         pid = os.fork()
         if pid == 0:
             replies.close()  # the protocol is the template's
-            _forked(environment, listening, template)
+            pidfds.close()
+            _forked(environment, listening, template, rules)
         listening.close()  # the instance's now
+        _hand_over(pidfds, pid)
         _say(replies, f"{SPAWNED} {pid}")
-    os._exit(0)  # the server is gone or done with us: the instances follow (PR_SET_PDEATHSIG)
+    os._exit(0)
+
+
+def _hand_over(pidfds: socket.socket, pid: int) -> None:
+    """The instance's pidfd, to the server: the one handle on it that means the same in every PID namespace."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:  # gone already (and reaped: SIGCHLD is ignored): the server hears "-"
+        pidfds.sendall(b"-")
+        return
+    try:
+        socket.send_fds(pidfds, [b"p"], [pidfd])
+    finally:
+        os.close(pidfd)  # the server is gone or done with us: the instances follow (PR_SET_PDEATHSIG)
 
 
 def _die_with_server() -> None:
@@ -109,11 +157,14 @@ def _die_with_server() -> None:
         os._exit(1)
 
 
-def _forked(environment: type[Any] | Constructed, listening: socket.socket, template: int) -> None:
-    """In the forked child: die with the template, leave its pipes alone, serve until stopped."""
+def _forked(environment: type[Any] | Constructed, listening: socket.socket, template: int, rules: Rules | None) -> None:
+    """In the forked child: die with the template, confine itself, leave the template's pipes alone, serve until
+    stopped."""
     try:
         if not die_with_parent(signal.SIGKILL, template):
             os._exit(1)
+        if rules is not None:
+            enter_instance(rules)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)  # the template's command pipe is not ours to read

@@ -1,0 +1,52 @@
+"""The one interface every confinement level implements (``Confinement``); the setting that chooses one is
+``_config.Sandbox``.
+
+A level is a backend: ``_bubblewrap`` (namespaces: the strongest this kernel offers without a VM) and
+``_unconfined`` (today's trust in the code). The launcher of hosted code asks its confinement for the command that
+starts a hosted process (``command``), for the rules that process applies to itself once started (``rules``), and
+to hand over the one folder the process writes to (``hand_over``): nothing else of a launcher knows which level runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final, Literal, Protocol
+
+from ._rules import Rules
+
+__all__ = ["DEFAULT_SCRATCH_BYTES", "Confinement", "Level"]
+
+# What a level gives: ``namespaces`` (``_bubblewrap``), ``none`` (``_unconfined``).
+Level = Literal["namespaces", "none"]
+
+# Each instance's scratch (its /tmp and working directory): a tmpfs, so it counts as memory; big enough for a
+# repository checkout or a compiled test binary, small enough that a pool of them fits in a machine's memory.
+DEFAULT_SCRATCH_BYTES: Final = 512 * 1024 * 1024
+
+
+class Confinement(Protocol):
+    """How the processes of hosted code start and confine themselves, at one level."""
+
+    level: Level
+    # Why this level, in words for the start line ("bubblewrap 0.11.0 at /usr/bin/bwrap, as uid 65534").
+    description: str
+
+    def command(self, argv: Sequence[str], *, readable: Sequence[Path], writable: Sequence[Path]) -> list[str]:
+        """The command that runs ``argv`` as a process of hosted code, which may read ``readable`` (besides the
+        interpreter, which it always may) and write ``writable`` (besides its own scratch)."""
+        ...
+
+    def environment(self) -> dict[str, str]:
+        """What such a process's environment holds at this level, beside ``hosted_environment``'s allow-list."""
+        ...
+
+    def rules(self, *, hidden: Sequence[Path]) -> Rules | None:
+        """What the started process does to itself (``_rules``), with ``hidden`` covered in each instance; None at
+        a level that leaves it alone."""
+        ...
+
+    def hand_over(self, folder: Path) -> Path:
+        """A folder in ``folder`` (the server's, private, removed with it) that the hosted processes may write to,
+        and nobody else but the server: their sockets."""
+        ...

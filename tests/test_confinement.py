@@ -1,0 +1,140 @@
+"""Process instances run confined (issue 43, item 2): what hosted code can reach from inside one, on a real
+``gymhost serve``, against real namespaces (bubblewrap, as root: these machines run the suite as root, the hard case).
+
+A written bundle's ``reach`` tool tries, from inside its instance, each thing the issue found an instance could do:
+read what only root may, write into its own bundle and into the server's venv, read the served folder's tasks,
+connect to its own server and elsewhere, name its parent or any other process to signal it. Confined (the
+default), every one is refused; served with ``--sandbox off`` the same tool does each of them, so a refusal is the
+sandbox's doing and not a probe that could not have worked.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gymhost import EpisodeClient
+from gymhost.environments import awrite_folder
+
+from .agentenv_helpers import COUNTER_ENV, make_bundle, rows
+from .processes import gymhost_command, serving
+
+pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
+
+# The counter bundle with a tool that tries to reach beyond its instance, and says what happened to each try.
+REACH_ENV = COUNTER_ENV.replace(
+    """    @tool(name="stall")""",
+    '''    @tool(name="reach")
+    async def reach(self, server_port: int, venv: str, folder: str, outside: str) -> dict[str, Any]:
+        """Everything this process should not reach, tried."""
+        import os
+        import socket
+        import uuid
+
+        def attempt(action: Any) -> Any:
+            try:
+                action()
+                return "done"
+            except OSError as error:
+                return os.strerror(error.errno) if error.errno else repr(error)
+
+        def write_in(where: str) -> None:
+            path = os.path.join(where, f"written-by-an-instance-{uuid.uuid4().hex}")
+            with open(path, "w") as file:
+                file.write("an instance wrote this")
+            os.unlink(path)  # served unconfined, it leaves nothing behind
+
+        def connect(host: str, port: int) -> None:
+            with socket.create_connection((host, port), timeout=5):
+                pass
+
+        bundle = os.path.dirname(os.path.abspath(__file__))
+        return {
+            "uid": os.getuid(),
+            "shadow": attempt(lambda: open("/etc/shadow").read()),
+            "bundle": attempt(lambda: write_in(bundle)),
+            "venv": attempt(lambda: write_in(venv)),
+            "tasks": attempt(lambda: open(os.path.join(folder, "data", "eval.jsonl")).read()),
+            "server": attempt(lambda: connect("127.0.0.1", server_port)),
+            "outside": attempt(lambda: connect(outside, 9)),
+            "parent": os.getppid(),
+            # The processes it can name but itself (a pidfd opens for a process, never for one of its threads):
+            # a new PID namespace's numbers start at 1; its parent's is there too, unless outside its namespace.
+            "others": [
+                number
+                for number in sorted({*range(1, 4096), os.getppid()} - {0, os.getpid()})
+                if attempt(lambda: os.close(os.pidfd_open(number))) == "done"
+            ],
+            "scratch": attempt(lambda: write_in("/tmp")),
+        }
+
+    @tool(name="stall")''',
+).replace("{TOOL}", "increment")
+
+# A site-packages folder of the server's own venv: hosted code must not replace the server's code there.
+VENV_PACKAGES = str(Path(pytest.__file__).parent.parent)
+
+
+# An environment whose import starts a thread cannot be forked: each instance is started on its own (``--serve``),
+# and confines itself there.
+STARTED_ON_ITS_OWN = "import threading\nthreading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+HOW = {"forked": "", "started on its own": STARTED_ON_ITS_OWN}
+
+
+async def reach_from_an_instance(tmp_path: Path, *options: str, how: str = "forked") -> tuple[dict[str, Any], str]:
+    """What the ``reach`` tool of a served process instance reports, and the server's output."""
+    bundle = make_bundle(tmp_path / "bundles")
+    (bundle / "env.py").write_text(HOW[how] + REACH_ENV)
+    folder = (await awrite_folder(str(bundle), tmp_path / "root", instances=1, mode="process")).path
+    with serving(gymhost_command("serve", str(folder), "--port", "0", *options)) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        async with EpisodeClient(server.url) as episode:
+            await episode.seed(rows(folder)[0])
+            arguments = {"server_port": port, "venv": VENV_PACKAGES, "folder": str(folder), "outside": _an_address()}
+            answer = await episode.post("/reach", arguments)
+            assert answer.status_code == 200, answer.text
+            reached = answer.json()
+    return reached, server.output
+
+
+def _an_address() -> str:
+    """An address of this machine beyond loopback, where one exists (else loopback's other end of 127/8)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: it only picks the route's source address
+            return str(probe.getsockname()[0])
+        except OSError:
+            return "127.0.0.2"
+
+
+@pytest.mark.parametrize("how", HOW)
+async def test_a_confined_instance_reaches_nothing_beyond_its_scratch(tmp_path: Path, how: str) -> None:
+    reached, output = await reach_from_an_instance(tmp_path, how=how)
+    assert "hosted code confinement: namespaces" in output, output
+    assert reached["uid"] != 0, reached  # the server runs as root; its hosted code does not
+    assert reached["shadow"] == "Permission denied", reached
+    assert reached["bundle"] == "Read-only file system", reached
+    assert reached["venv"] in ("Read-only file system", "Permission denied"), reached
+    assert reached["tasks"] == "No such file or directory", reached  # the served folder is out of its sight
+    assert reached["server"] == "Connection refused", reached  # its own loopback, where nothing listens
+    assert reached["outside"] == "Network is unreachable", reached
+    # Its parent is outside its PID namespace, and so is every other process: it can name none to signal it.
+    assert reached["parent"] == 0, reached
+    assert reached["others"] == [], reached
+    assert reached["scratch"] == "done", reached
+
+
+async def test_sandbox_off_leaves_the_same_instance_the_servers_reach(tmp_path: Path) -> None:
+    reached, output = await reach_from_an_instance(tmp_path, "--sandbox", "off")
+    assert "hosted code confinement: none" in output, output
+    assert os.getuid() != 0 or reached["uid"] == 0, reached
+    for attempt in ("bundle", "venv", "tasks", "scratch"):
+        assert reached[attempt] == "done", (attempt, reached)
+    if os.getuid() == 0:
+        assert reached["shadow"] == "done", reached
+    assert reached["server"] == "done", reached
+    assert reached["parent"] in reached["others"], reached
