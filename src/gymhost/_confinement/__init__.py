@@ -10,7 +10,7 @@ gymhost's own secrets are not in the server's (``_config.take_secrets``).
 from ._base import DEFAULT_SCRATCH_BYTES, Confinement, Level
 from ._choice import confinement, find_bwrap
 from ._environment import PASSED, hosted_environment
-from ._rules import Rules, drop_privileges, enter_instance
+from ._rules import Rules, drop_privileges, enter_instance, fork_instance
 
 __all__ = [
     "DEFAULT_SCRATCH_BYTES",
@@ -22,5 +22,6 @@ __all__ = [
     "drop_privileges",
     "enter_instance",
     "find_bwrap",
+    "fork_instance",
     "hosted_environment",
 ]

@@ -90,5 +90,5 @@ def _try_namespaces() -> tuple[str, Bubblewrap | None]:
         shutil.rmtree(folder, ignore_errors=True)
     if done.returncode != 0 or done.stdout.strip() != "confined":
         said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit status {done.returncode}"]
-        return f"{bwrap} could not confine a process here: {said[0]}", None
+        return f"{bwrap}: {said[0]}", None
     return "", candidate

@@ -8,13 +8,14 @@ Two steps, each one call:
   reachable inside it), and the hosted process then becomes an unprivileged user, for good: it cannot read what only
   root may (``/etc/shadow``, other users' files), signal the server, or write where the root file system's owners
   write (the read-only mounts aside, the venv and the folder are root's).
-- ``enter_instance`` where an instance begins (after a template's fork, or at the start of an instance started on
-  its own): its own user, mount, IPC, network and PID namespaces (it cannot name its template or its siblings, all
-  the same user, to signal them; ``/proc`` stays its template's, where it sees their numbers: the kernel refuses a
-  proc of its own under the sandbox's read-only covers of ``/proc/sys`` and the like); its own scratch (a bounded
-  ``tmpfs`` at ``/tmp``, its working directory), so nothing one instance writes reaches another; the instances'
-  sockets folder covered, so it cannot call a sibling's channel; then no capabilities and no ``ptrace`` or
-  ``/proc`` access to it by its siblings (``PR_SET_DUMPABLE`` 0).
+- ``fork_instance`` where an instance begins: a template forks each one into user, mount, IPC, network and PID
+  namespaces of its own (it cannot name its template or its siblings, all the same user, to signal them; ``/proc``
+  stays its template's, where it sees their numbers: the kernel refuses a proc of its own under the sandbox's
+  read-only covers of ``/proc/sys`` and the like), where it confines itself: its own scratch (a bounded ``tmpfs``
+  at ``/tmp``, its working directory), so nothing one instance writes reaches another; the instances' sockets folder
+  covered, so it cannot call a sibling's channel; then no capabilities and no ``ptrace`` or ``/proc`` access to it
+  by its siblings (``PR_SET_DUMPABLE`` 0). An instance started on its own (no template) does the same through
+  ``enter_instance``, and the process it started as stays behind as its keeper.
 
 The rules travel to the process as one JSON argument (``Rules.to_argument``), written by the server's confinement
 (``_bubblewrap``).
@@ -23,6 +24,7 @@ The rules travel to the process as one JSON argument (``Rules.to_argument``), wr
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -31,10 +33,11 @@ import select
 import signal
 import socket
 import struct
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import NoReturn
 
-__all__ = ["Rules", "drop_privileges", "enter_instance"]
+__all__ = ["Rules", "drop_privileges", "enter_instance", "fork_instance"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
@@ -85,38 +88,54 @@ def drop_privileges(rules: Rules) -> None:
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
 
-def enter_instance(rules: Rules) -> None:
-    """Confine this process as one instance: its own namespaces and scratch, the server's folders covered, no
-    capabilities left, and not dumpable. Raises ``OSError`` when the kernel refuses a step: an instance that cannot
-    be confined does not serve.
+def fork_instance(rules: Rules) -> tuple[int, int]:
+    """Fork this process into a new instance, confined: ``(pid, pidfd)`` in this process; ``(0, -1)`` in the
+    instance, which has confined itself by then (its own namespaces and scratch, the server's folders covered, no
+    capabilities, not dumpable) and dies with this process. Raises ``OSError`` when the kernel refuses.
 
-    Returns in a new process, the first of a PID namespace of its own (so it can name no process but its own, and
-    whatever it starts goes with it); the process that called it stays behind as its keeper, never returning: it
-    passes the server's signals on and exits with the instance's status (``_keep``)."""
+    One ``clone3`` makes the child in user, mount, IPC, network and PID namespaces of its own, the first process of
+    its PID namespace (so it can name no process but its own, and whatever it starts goes with it), with a pidfd:
+    the price of a fork, where ``unshare`` would need a second fork and a process left waiting."""
+    flags = _CLONE_PIDFD | os.CLONE_NEWUSER | os.CLONE_NEWNS | os.CLONE_NEWIPC | os.CLONE_NEWPID
+    if not rules.network:
+        flags |= os.CLONE_NEWNET
     uid, gid = os.getuid(), os.getgid()
+    parent_alive, parent = _parent_pipe()
+    pid, pidfd = _clone3(flags)
+    if pid != 0:
+        return pid, pidfd
+    try:
+        os.close(parent)
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if select.select([parent_alive], [], [], 0)[0]:  # the parent died before that took effect
+            os._exit(1)
+        _confine(rules, uid, gid)
+    except BaseException as error:  # nothing may return into the parent's code
+        print(f"gymhost: an instance could not confine itself: {error}", file=sys.stderr, flush=True)
+        os._exit(1)
+    return 0, -1
+
+
+def enter_instance(rules: Rules) -> None:
+    """Confine this process as one instance (an instance started on its own, not forked from a template): returns
+    in the confined instance, a child of this process (``fork_instance``); this process stays behind as its keeper,
+    never returning: it passes the server's signals on and exits with the instance's status (``_keep``)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the keeper waits for its instance
+    pid, pidfd = fork_instance(rules)
+    if pid != 0:
+        os.close(pidfd)
+        _drop_capabilities()
+        _keep(pid)
+
+
+def _confine(rules: Rules, uid: int, gid: int) -> None:
+    """In the new instance: the rest of its confinement, which only it can do."""
     # A process that changed its uid (``drop_privileges``) is not dumpable, and its /proc files are root's: writing
     # its own uid map needs them its own for a moment.
     _prctl(_PR_SET_DUMPABLE, 1)
-    flags = os.CLONE_NEWUSER | os.CLONE_NEWNS | os.CLONE_NEWIPC | os.CLONE_NEWPID
-    if not rules.network:
-        flags |= os.CLONE_NEWNET
-    os.unshare(flags)
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", f"{uid} {uid} 1")
     _write("/proc/self/gid_map", f"{gid} {gid} 1")
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a template ignores it; the keeper waits for its instance
-    keeper_alive, keeper = os.pipe()
-    instance = os.fork()
-    if instance != 0:
-        os.close(keeper_alive)
-        _drop_capabilities()
-        _prctl(_PR_SET_DUMPABLE, 0)
-        _keep(instance)
-    os.close(keeper)
-    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if select.select([keeper_alive], [], [], 0)[0]:  # the keeper died before that took effect
-        os._exit(1)
-    os.close(keeper_alive)
     if not rules.network:
         _loopback_up()
     _mount("none", "/", "", _MS_REC | _MS_PRIVATE, None)  # nothing mounted here propagates back
@@ -128,6 +147,46 @@ def enter_instance(rules: Rules) -> None:
     _drop_capabilities()
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     _prctl(_PR_SET_DUMPABLE, 0)  # siblings run as the same user: none may ptrace this one or read its memory
+
+
+class _CloneArgs(ctypes.Structure):
+    """``struct clone_args`` as Linux 5.3 has it (``CLONE_ARGS_SIZE_VER0``)."""
+
+    _fields_ = [
+        (name, ctypes.c_uint64)
+        for name in ("flags", "pidfd", "child_tid", "parent_tid", "exit_signal", "stack", "stack_size", "tls")
+    ]
+
+
+def _clone3(flags: int) -> tuple[int, int]:
+    """``clone3`` as ``os.fork`` forks (Python's own before- and after-fork work around it, the GIL held
+    throughout): ``(pid, pidfd)`` in the parent, ``(0, -1)`` in the child."""
+    pidfd = ctypes.c_int(-1)
+    arguments = _CloneArgs(flags=flags, pidfd=ctypes.addressof(pidfd), exit_signal=signal.SIGCHLD)
+    ctypes.pythonapi.PyOS_BeforeFork()
+    pid = _syscall(_SYS_CLONE3, ctypes.byref(arguments), ctypes.c_size_t(ctypes.sizeof(arguments)))
+    if pid == 0:
+        ctypes.pythonapi.PyOS_AfterFork_Child()
+        return 0, -1
+    number = ctypes.get_errno()
+    ctypes.pythonapi.PyOS_AfterFork_Parent()
+    if pid < 0:
+        if number == errno.ENOSPC:  # the kernel's own word for it says nothing of namespaces
+            raise OSError(number, "no more user namespaces may be made here (user.max_user_namespaces)")
+        raise OSError(number, f"clone3: {os.strerror(number)}")
+    return int(pid), pidfd.value
+
+
+_parent_ends: tuple[int, int] | None = None
+
+
+def _parent_pipe() -> tuple[int, int]:
+    """A pipe whose write end only this process keeps (each child closes its copy at once): its end of file, in a
+    child, says this process has died."""
+    global _parent_ends
+    if _parent_ends is None:
+        _parent_ends = os.pipe()
+    return _parent_ends
 
 
 def _loopback_up() -> None:
@@ -189,6 +248,11 @@ def _keep(instance: int) -> NoReturn:
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
+# ``syscall`` through a library handle that keeps the GIL held across the call, as ``os.fork`` forks.
+_syscall = ctypes.PyDLL(None, use_errno=True).syscall
+_syscall.restype = ctypes.c_long
+_SYS_CLONE3 = 435  # the same number on x86-64 and arm64
+_CLONE_PIDFD = 0x1000
 
 
 class _CapHeader(ctypes.Structure):

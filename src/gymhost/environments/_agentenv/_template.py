@@ -18,8 +18,8 @@ The protocol on the template's stdin and stdout, one line each way:
   no polling for the socket to appear (``failed ERROR``: PATH could not be bound).
 
 Started confined (``--confine RULES``, ``gymhost._confinement``), the template becomes an unprivileged user before it
-imports the bundle, and each instance confines itself right after its fork, before it runs any of the bundle's code:
-its own namespaces and scratch, nothing of its siblings in reach.
+imports the bundle, and forks each instance into namespaces of its own, where it confines itself before it runs any
+of the bundle's code: its own scratch, nothing of its siblings in reach.
 
 An instance runs its environment as the server runs an in-process one (``_launchers.host_in_process``) and answers
 the server's calls over its private channel (``_channel``): no ASGI server and no HTTP in the instance.
@@ -48,7 +48,7 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..._confinement import Rules, drop_privileges, enter_instance
+from ..._confinement import Rules, drop_privileges, enter_instance, fork_instance
 from ..._sessions._identity import die_with_parent
 from .._errors import StartupError
 from ._channel import listen_at, serve_instance
@@ -123,28 +123,38 @@ def _template(bundle: Path, *, construct_once: bool, rules: Rules | None, pidfds
         except OSError as error:
             _say(replies, f"failed {error!r}")
             continue
-        pid = os.fork()
+        try:
+            pid, pidfd = (os.fork(), -1) if rules is None else fork_instance(rules)  # confined as it begins
+        except OSError as error:
+            listening.close()
+            _say(replies, f"failed {error}")
+            continue
         if pid == 0:
             replies.close()  # the protocol is the template's
             pidfds.close()
-            _forked(environment, listening, template, rules)
+            _forked(environment, listening, template if rules is None else None)
         listening.close()  # the instance's now
-        _hand_over(pidfds, pid)
-        _say(replies, f"{SPAWNED} {pid}")
-    os._exit(0)
+        try:
+            _hand_over(pidfds, pid, pidfd)
+            _say(replies, f"{SPAWNED} {pid}")
+        except (BrokenPipeError, ConnectionResetError):  # the server died meanwhile: so does this template, now
+            os._exit(0)
+    os._exit(0)  # the server is gone or done with us: the instances follow (PR_SET_PDEATHSIG)
 
 
-def _hand_over(pidfds: socket.socket, pid: int) -> None:
-    """The instance's pidfd, to the server: the one handle on it that means the same in every PID namespace."""
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:  # gone already (and reaped: SIGCHLD is ignored): the server hears "-"
-        pidfds.sendall(b"-")
-        return
+def _hand_over(pidfds: socket.socket, pid: int, pidfd: int) -> None:
+    """The instance's pidfd (``fork_instance``'s, or opened here), to the server: the one handle on it that means
+    the same in every PID namespace."""
+    if pidfd < 0:
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:  # gone already (and reaped: SIGCHLD is ignored): the server hears "-"
+            pidfds.sendall(b"-")
+            return
     try:
         socket.send_fds(pidfds, [b"p"], [pidfd])
     finally:
-        os.close(pidfd)  # the server is gone or done with us: the instances follow (PR_SET_PDEATHSIG)
+        os.close(pidfd)
 
 
 def _die_with_server() -> None:
@@ -157,14 +167,12 @@ def _die_with_server() -> None:
         os._exit(1)
 
 
-def _forked(environment: type[Any] | Constructed, listening: socket.socket, template: int, rules: Rules | None) -> None:
-    """In the forked child: die with the template, confine itself, leave the template's pipes alone, serve until
-    stopped."""
+def _forked(environment: type[Any] | Constructed, listening: socket.socket, template: int | None) -> None:
+    """In the forked child: die with the template (``template`` None: confined, ``fork_instance`` saw to it), leave
+    the template's pipes alone, serve until stopped."""
     try:
-        if not die_with_parent(signal.SIGKILL, template):
+        if template is not None and not die_with_parent(signal.SIGKILL, template):
             os._exit(1)
-        if rules is not None:
-            enter_instance(rules)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)  # the template's command pipe is not ours to read
