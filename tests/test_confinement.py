@@ -11,17 +11,19 @@ sandbox's doing and not a probe that could not have worked.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gymhost import EpisodeClient
 from gymhost.environments import awrite_folder
 
-from .agentenv_helpers import COUNTER_ENV, make_bundle, rows
+from .agentenv_helpers import COUNTER_ENV, make_bundle, pool_status_of, rows
 from .processes import gymhost_command, run_to_completion, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -99,6 +101,10 @@ async def reach_from_an_instance(tmp_path: Path, *options: str, how: str = "fork
             answer = await episode.post("/reach", arguments)
             assert answer.status_code == 200, answer.text
             reached = answer.json()
+        # What the server says of it: its pool's status, and the metric.
+        reached["pool says"] = pool_status_of(server.url)["confinement"]
+        metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+        reached["metric says"] = re.findall(r'gymhost_instance_confinement\{level="(\w+)",mount="/"\} 1\.0', metrics)
     return reached, server.output
 
 
@@ -116,6 +122,7 @@ def _an_address() -> str:
 async def test_a_confined_instance_reaches_nothing_beyond_its_scratch(tmp_path: Path, how: str) -> None:
     reached, output = await reach_from_an_instance(tmp_path, how=how)
     assert "hosted code confinement: namespaces" in output, output
+    assert (reached["pool says"], reached["metric says"]) == ("namespaces", ["namespaces"]), reached
     assert reached["uid"] != 0, reached  # the server runs as root; its hosted code does not
     assert reached["shadow"] == "Permission denied", reached
     assert reached["bundle"] == "Read-only file system", reached
@@ -132,6 +139,7 @@ async def test_a_confined_instance_reaches_nothing_beyond_its_scratch(tmp_path: 
 async def test_sandbox_off_leaves_the_same_instance_the_servers_reach(tmp_path: Path) -> None:
     reached, output = await reach_from_an_instance(tmp_path, "--sandbox", "off")
     assert "hosted code confinement: none" in output, output
+    assert (reached["pool says"], reached["metric says"]) == ("none", ["none"]), reached
     assert os.getuid() != 0 or reached["uid"] == 0, reached
     for attempt in ("bundle", "venv", "tasks", "scratch"):
         assert reached[attempt] == "done", (attempt, reached)

@@ -102,6 +102,7 @@ class EchoClient:
 class EchoLauncher:
     description = "echo instances"
     owns_instances = True
+    confinement_level = "none"  # instances inside the server
 
     def __init__(self, greeting: str) -> None:
         self.greeting = greeting

@@ -59,6 +59,7 @@ class FakeLauncher:
     """Makes instances of ``FakeClient``; an instance "exits" when the test sets its event."""
 
     description = "fake environment"
+    confinement_level = "none"
 
     def __init__(self, *, owns_instances: bool = True, name: str = "gridsim") -> None:
         self.owns_instances = owns_instances

@@ -142,9 +142,9 @@ async def test_faults_and_abandons_under_load_cost_only_their_episodes(tmp_path:
         )
 
         processes = descendants(pid)
-        instances = [instance["pid"] for instance in after["instances"]] if mode == "process" else []
-        expected = [below for instance in instances for below in instance_processes(instance)]
-        for template in {parent(instance) for instance in instances}:  # the template they were forked from
+        instance_pids = [instance["pid"] for instance in after["instances"]] if mode == "process" else []
+        expected = [below for instance in instance_pids for below in instance_processes(instance)]
+        for template in {parent(instance) for instance in instance_pids}:  # the template they were forked from
             expected += hosting(pid, template)
         assert processes == sorted(expected), f"the server's processes {processes}, its instances {expected}"
         fds, rss = open_fds(pid), rss_mb(pid)

@@ -88,6 +88,12 @@ _TOOL_CALL = Histogram(
 _INSTANCES = Gauge(
     "gymhost_instances", "Environment instances by state.", ["mount", "state"], multiprocess_mode="livesum"
 )
+_CONFINEMENT = Gauge(
+    "gymhost_instance_confinement",
+    "1 for how the environment instances' code is confined: namespaces, none, or elsewhere (someone else runs them).",
+    ["mount", "level"],
+    multiprocess_mode="max",
+)
 _SEEDS_WAITING = Gauge(
     "gymhost_seeds_waiting", "Seeds waiting for an environment instance.", ["mount"], multiprocess_mode="livesum"
 )
@@ -179,11 +185,20 @@ class EpisodeMetrics:
     def verdict_refused(self, failure_kind: str) -> None:
         _VERDICTS_REFUSED.labels(self.mount, failure_kind).inc()
 
-    def gauges(self, *, open_episodes: int, instances: dict[str, int] | None = None, waiting: int = 0) -> None:
+    def gauges(
+        self,
+        *,
+        open_episodes: int,
+        instances: dict[str, int] | None = None,
+        waiting: int = 0,
+        confinement: str | None = None,
+    ) -> None:
         self._open.set(open_episodes)
         self._waiting.set(waiting)
         for state, count in (instances or {}).items():
             _INSTANCES.labels(self.mount, state).set(count)
+        if confinement is not None:
+            _CONFINEMENT.labels(self.mount, confinement).set(1)
 
 
 def share_metrics(folder: Path) -> None:

@@ -22,7 +22,7 @@ import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Final, Protocol
 
 from agentenv_protocol import ToolResult
 
@@ -32,6 +32,7 @@ from ._settings import PoolSettings, SourceConfig
 from ._tasks import Task
 
 __all__ = [
+    "ELSEWHERE",
     "INSTANCE_STATES",
     "Backend",
     "Catalog",
@@ -52,6 +53,7 @@ Tool = dict[str, Any]  # a tool as MCP lists it: name, description, inputSchema 
 # What an instance is doing, as the pool view and the gymhost_instances gauge count them: serving an episode, free,
 # being cleared after one, out of rotation until it answers again (a URL's) or replaced, and coming and going.
 INSTANCE_STATES = ("free", "leased", "resetting", "repairing", "starting", "stopping")
+ELSEWHERE: Final = "elsewhere"  # a launcher's confinement_level when someone else runs its instances
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,9 @@ class Launcher(Protocol):
     # Whether it makes its instances: such a pool grows, shrinks and replaces broken ones; instances someone else
     # runs (URLs) are waited for when they break.
     owns_instances: bool
+    # What confines its instances' code: a level of ``gymhost._confinement`` (namespaces, none), or ELSEWHERE
+    # (someone else runs them).
+    confinement_level: str
 
     async def launch(self, index: int, settings: PoolSettings) -> Instance: ...
 

@@ -116,6 +116,7 @@ class Episodes:
             "open_episodes": len(self._episodes),
             "instances": {state: pool.get(state, 0) for state in INSTANCE_STATES},
             "waiting": pool.get("waiting_seeds", 0),
+            "confinement": pool.get("confinement"),
         }
 
     def status(self) -> dict[str, Any]:

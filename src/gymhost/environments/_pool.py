@@ -420,6 +420,7 @@ class Pool:
                 "data_timeout_s": self.settings.data_timeout_s,
                 "startup_timeout_s": self.settings.startup_timeout_s,
             },
+            "confinement": self.launcher.confinement_level,
             "instances": instances,
             "free": len(self._free),
             "leased": states.count("leased"),

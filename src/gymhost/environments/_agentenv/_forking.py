@@ -154,6 +154,7 @@ class _Template:
             # Importing, then constructing twice (in a throwaway child, then for good): more than one start's limit.
             words = await _line(process, timeout * (3 if construct_once else 1))
         except BaseException:
+            pidfds.close()
             await _terminate(process)
             raise
         if words[:1] != [TEMPLATE_READY] or len(words) != 2:
@@ -231,6 +232,7 @@ class BundleLauncher:
         self.construct_once = construct_once
         self.confinement = confinement if confinement is not None else default_confinement()
         self.description = f"bundle {bundle}"
+        self.confinement_level: str = self.confinement.level
         self._template: _Template | None = None
         self._starting = asyncio.Lock()
         self._start: _Start | None = None
@@ -270,6 +272,8 @@ class BundleLauncher:
         cannot fork has exited on purpose, and is not started again for every instance."""
         async with self._starting:
             if self._template is None or (self._template.forks and not self._template.alive()):
+                if self._template is not None:  # one that died: its pipes and socket closed, its process reaped
+                    await self._template.stop()
                 if self._start is None:
                     self._start = _Start(self.bundle, self.confinement)
                 self._template = await _Template.start(self._start, timeout, construct_once=self.construct_once)

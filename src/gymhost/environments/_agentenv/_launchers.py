@@ -25,7 +25,7 @@ import httpx
 
 from ..._hosting._entrypoint import own_siblings
 from ..._logging import fastmcp_leaves_logging_alone
-from .._backend import Catalog, Instance, ToolSession, forever
+from .._backend import ELSEWHERE, Catalog, Instance, ToolSession, forever
 from .._errors import StartupError
 from .._settings import PoolSettings
 from ._client import EnvClient
@@ -103,6 +103,7 @@ class UrlLauncher:
     """Instances someone else runs; gymhost only talks to them."""
 
     owns_instances = False
+    confinement_level = ELSEWHERE
 
     def __init__(self, urls: Sequence[str]) -> None:
         self.urls = [url.rstrip("/") for url in urls]
@@ -141,6 +142,7 @@ class InProcessLauncher:
     tool calls directly on the server object (``InProcessClient``)."""
 
     owns_instances = True
+    confinement_level = "none"  # inside the server: never confined (it says so as its first instance starts)
 
     def __init__(self, bundle: Path) -> None:
         self.bundle = bundle

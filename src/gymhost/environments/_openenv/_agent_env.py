@@ -202,6 +202,7 @@ class AgentEnvFrameworkLauncher:
     app that serves other tasks there (the bundle changed since the folder was written) does not start."""
 
     owns_instances = True
+    confinement_level = "none"  # agent-env's app, a process of gymhost's: its environment an allow-list, not confined
 
     def __init__(
         self,

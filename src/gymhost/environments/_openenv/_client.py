@@ -24,7 +24,7 @@ from agentenv_protocol import ToolResult
 from websockets.asyncio.client import connect, unix_connect
 from websockets.exceptions import InvalidHandshake
 
-from .._backend import Catalog, Instance, ToolSession, forever
+from .._backend import ELSEWHERE, Catalog, Instance, ToolSession, forever
 from .._errors import (
     DataPlaneError,
     EnvAtCapacityError,
@@ -247,6 +247,7 @@ class OpenEnvLauncher:
     when it is not reached over TCP."""
 
     owns_instances = True
+    confinement_level = ELSEWHERE  # the OpenEnv server runs the environment's code, as its operator confined it
 
     def __init__(self, url: str, environment: str, *, reply_tool: str | None = None, uds: str | None = None) -> None:
         self.url = url.rstrip("/")
