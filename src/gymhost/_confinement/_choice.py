@@ -66,7 +66,7 @@ def confinement(sandbox: Sandbox) -> Confinement:
 def _try_namespaces() -> tuple[str, Bubblewrap | None]:
     bwrap = find_bwrap()
     if bwrap is None:
-        return "no bubblewrap: install Debian's bubblewrap (bwrap on PATH) or gymhost[sandbox]", None
+        return "no bubblewrap: install the distribution's bubblewrap (bwrap on PATH)", None
     try:
         version = subprocess.run([bwrap, "--version"], capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError) as error:

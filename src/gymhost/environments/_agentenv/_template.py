@@ -74,7 +74,7 @@ def main(argv: list[str]) -> None:
             drop_privileges(rules)
         listening = listen_at(options[SERVE])  # before the import: the server's describe waits for it, not the file
         if rules is not None:
-            enter_instance(rules)  # before any thread: a process with two cannot enter a user namespace
+            enter_instance(rules)  # before the thread below, which is the instance's, not the keeper's it leaves
         threading.Thread(target=_exit_at_end_of_stdin, name="parent-watch", daemon=True).start()
         _serve(_load(bundle), listening)
     elif PIDFDS in options:
