@@ -1,10 +1,13 @@
 """Confined process instances beside unconfined ones (issue 43's costs; make bench-confinement).
 
-gridsim written with default options (process mode), served twice at once: `--sandbox strict` (namespaces:
-bubblewrap, and each instance's own namespaces and scratch) and `--sandbox off`. In one run:
+gridsim written with default options (process mode), served at once: `--sandbox strict` (namespaces: bubblewrap,
+and each instance's own namespaces and scratch) and `--sandbox off`, both with a fresh instance for each episode
+(the default); and `--sandbox strict` with instances reused for episode after episode (`fresh_instances: false`), so
+the price of freshness stands apart from the price of confinement. In one run:
 
-- tool calls: 64 concurrent episodes of 40 tool calls on a pool grown to 64 (`run.sixty_four`, no start timed), in
-  interleaved rounds (`run.in_turn`); each server's median round, and the median of the rounds' ratios;
+- tool calls: 64 concurrent episodes of 40 tool calls on a pool grown to 64 (`run.sixty_four`), in interleaved
+  rounds (`run.in_turn`); each server's median round, and the median of the rounds' ratios (confined against
+  unconfined; fresh against reused, both confined);
 - a cold batch: 256 think-time episodes at once on a fresh default pool (4 instances up), on fresh servers in
   interleaved rounds; the round with the median seed p99 of each;
 - 40 instance starts one after another by the launcher the pool uses, each way: wall time a start (median, p99),
@@ -26,6 +29,7 @@ from typing import Any
 import run
 
 SANDBOXES = ("strict", "off")  # strict: namespaces or no start, so the confined side cannot silently be unconfined
+REUSED = "reused"  # strict, with instances reused between episodes
 
 
 def measure(rounds: int, batch_rounds: int, episodes: int) -> dict[str, Any]:
@@ -33,23 +37,30 @@ def measure(rounds: int, batch_rounds: int, episodes: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="gymhost-confinement-") as scratch:
         folder = run.write_gridsim(Path(scratch) / "gridsim", instances=None, mode="process")
         rows = str(folder / "data" / "eval.jsonl")
-        calls: dict[str, list[dict[str, Any]]] = {sandbox: [] for sandbox in SANDBOXES}
+        calls: dict[str, list[dict[str, Any]]] = {server: [] for server in (*SANDBOXES, REUSED)}
         with contextlib.ExitStack() as stack:
             targets = {}
-            for sandbox in SANDBOXES:
+            for server in calls:
                 port = run.free_port()
                 url = f"http://127.0.0.1:{port}"
-                process = stack.enter_context(run.server(run.gymhost_serve(folder, port), url, env=_env(sandbox)))
-                targets[sandbox] = (url, process.pid)
+                settings = ["source.fresh_instances=false"] if server == REUSED else []
+                command = run.gymhost_serve(folder, port, *settings)
+                process = stack.enter_context(run.server(command, url, env=_env(_sandbox(server))))
+                targets[server] = (url, process.pid)
             for url, pid in targets.values():  # a round not counted: the first after a start ran slow everywhere
                 run.sixty_four(url, rows, pid, quick=True)
             for number in range(rounds):
                 for sandbox, (url, pid) in run.in_turn(targets, number):
                     calls[sandbox].append(run.sixty_four(url, rows, pid, quick=False))
                 print("  calls, round", number + 1, {s: played[-1]["calls_per_s"] for s, played in calls.items()})
-        out["calls"] = {sandbox: _median(played, "calls_per_s") for sandbox, played in calls.items()}
+        out["calls"] = {server: _median(played, "calls_per_s") for server, played in calls.items()}
         paired = zip(calls["strict"], calls["off"], strict=True)
         out["calls_ratio"] = _ratios([confined["calls_per_s"] / open_["calls_per_s"] for confined, open_ in paired])
+        paired = zip(calls["strict"], calls[REUSED], strict=True)
+        out["fresh_ratio"] = _ratios([fresh["calls_per_s"] / reused["calls_per_s"] for fresh, reused in paired])
+        # What a fresh instance costs an episode: the two cores' time an episode takes, fresh less reused.
+        fresh, reused = (out["calls"][server]["episodes_per_s"] for server in ("strict", REUSED))
+        out["fresh_ms_per_episode"] = round(2000 * (1 / fresh - 1 / reused), 2)
 
         batches: dict[str, list[dict[str, Any]]] = {sandbox: [] for sandbox in SANDBOXES}
         for number in range(batch_rounds):
@@ -80,6 +91,10 @@ def measure(rounds: int, batch_rounds: int, episodes: int) -> dict[str, Any]:
 
 def _env(sandbox: str) -> dict[str, str]:
     return {"GYMHOST_SANDBOX": sandbox}
+
+
+def _sandbox(server: str) -> str:
+    return "strict" if server == REUSED else server
 
 
 def _seed_p99(think: dict[str, Any]) -> float:

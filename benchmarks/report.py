@@ -475,6 +475,14 @@ def confinement_tables(out: dict[str, Any], source: str) -> str:
         f" {calls['median']:g} (rounds {', '.join(f'{r:g}' for r in calls['rounds'])}) |"
         f" >= 0.9: {verdict(calls['median'], 0.9, True)} |",
     ]
+    if "fresh_ratio" in out:
+        fresh = out["fresh_ratio"]
+        lines.append(
+            f"| tool calls/s, confined, reused instances (`fresh_instances: false`) beside fresh ones |"
+            f" {out['calls']['reused']['calls_per_s']:,.0f} | | {fresh['median']:g} fresh/reused (rounds"
+            f" {', '.join(f'{r:g}' for r in fresh['rounds'])}): {out['fresh_ms_per_episode']:g} ms of the two"
+            " cores an episode | |"
+        )
     p99 = {sandbox: out["batch"][sandbox]["think_time"]["seed"].get("p99_ms") for sandbox in ("strict", "off")}
     lines.append(
         f"| cold batch, seed p99 | {p99['strict']} ms | {p99['off']} ms |"

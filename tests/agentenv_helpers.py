@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 import httpx
 
 from .conftest import REPO
-from .processes import ServerProcess, free_port, serving
+from .processes import STATE_TIMEOUT_S, ServerProcess, free_port, serving
 
 GRIDSIM = REPO / "examples" / "gridsim_v1"
 
@@ -136,6 +137,20 @@ async def pool_status(base: str, transport: httpx.AsyncBaseTransport | None = No
     async with httpx.AsyncClient(base_url=base, transport=transport) as client:
         answer: dict[str, Any] = (await client.get("/agentenv/pool")).json()
         return answer
+
+
+async def settled_pool(base: str, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
+    """``pool_status`` once every instance is free and none is starting: process instances serve one episode each,
+    and the pool replaces each as its episode ends."""
+    deadline = time.monotonic() + STATE_TIMEOUT_S
+    while True:
+        status = await pool_status(base, transport)
+        instances = status["instances"]
+        settled = not status["starting"] and len(instances) >= status["limits"]["min_instances"]
+        if settled and all(instance["state"] == "free" for instance in instances):
+            return status
+        assert time.monotonic() < deadline, f"the pool did not settle within {STATE_TIMEOUT_S}s: {status}"
+        await asyncio.sleep(0.05)
 
 
 def pool_status_of(url: str) -> dict[str, Any]:

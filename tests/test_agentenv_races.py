@@ -13,7 +13,7 @@ import pytest
 from gymhost import EpisodeClient
 from gymhost.environments import write_folder
 
-from .agentenv_helpers import COUNTER_TASK, make_bundle, rows, served
+from .agentenv_helpers import COUNTER_TASK, make_bundle, rows, served, settled_pool
 from .processes import CALL_TIMEOUT_S, STATE_TIMEOUT_S, gymhost_command, run_to_completion, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -80,7 +80,7 @@ async def test_repeated_seeds_on_one_session_while_the_pool_is_full(folder: Path
         response = EpisodeClient(BASE).transcript.response("")
         verdict = (await client.post("/verify", json={**row(folder, "count-to-3"), "response": response})).json()
         assert verdict["reward"] == 1.0
-        pool = await status(transport)
+        pool = await settled_pool(BASE, transport)
         assert (pool["open_episodes"], pool["instances"][0]["state"]) == (0, "free")
 
 

@@ -19,7 +19,15 @@ import pytest
 from gymhost import EpisodeClient, create_app
 from gymhost.environments import Task, awrite_folder, load_tasks, write_folder
 
-from .agentenv_helpers import GRIDSIM, environment_process, make_bundle, pool_status, rows, served
+from .agentenv_helpers import (
+    GRIDSIM,
+    environment_process,
+    make_bundle,
+    pool_status,
+    rows,
+    served,
+    settled_pool,
+)
 from .processes import (
     CALL_TIMEOUT_S,
     STATE_TIMEOUT_S,
@@ -87,7 +95,7 @@ async def instance_state(base: str, index: int, transport: httpx.AsyncBaseTransp
         return state
 
 
-async def test_end_to_end_from_inside_the_written_folder(folder: Path) -> None:
+async def test_end_to_end_from_inside_the_written_folder(folder: Path, mode: str) -> None:
     """`python -m gymhost serve . --port 0` in the folder; a verifiers-like client; the episode torn down."""
     with serving(gymhost_command("serve", ".", "--port", "0"), cwd=folder) as server:
         for task_id in ("around-the-wall", "report-position", "efficient-diagonal"):
@@ -95,11 +103,16 @@ async def test_end_to_end_from_inside_the_written_folder(folder: Path) -> None:
             assert (answer["reward"], answer["mask_sample"], answer["failure_kind"]) == (1.0, False, None)
             assert answer["task_id"] == task_id
             assert all(criterion["score"] == 1.0 for criterion in answer["criteria"])
-        status = await pool_status(server.url)
+        status = await settled_pool(server.url)
         assert status["open_episodes"] == 0
         assert [instance["state"] for instance in status["instances"]] == ["free"] * 4
-        assert sum(instance["episodes"] for instance in status["instances"]) == 3
-        for instance in status["instances"]:  # released instances were reset: no grid loaded
+        # Process instances serve one episode each, and are replaced by fresh ones; in-process ones are reused.
+        renewed = status["counters"]["instances_renewed"]
+        assert (renewed, sum(instance["episodes"] for instance in status["instances"]) + renewed) == (
+            3 if mode == "process" else 0,
+            3,
+        )
+        for instance in status["instances"]:  # released instances were reset, or are new: no grid loaded
             assert await instance_state(server.url, instance["index"]) == {"loaded": False}
     assert_stopped_cleanly(server)
 
@@ -207,7 +220,7 @@ async def test_killing_the_leased_instance_masks_the_episode_and_the_pool_recove
         # The next episode waits for the repaired instance and plays normally on it.
         answer = await play(BASE, row, transport=transport)
         assert (answer["reward"], answer["mask_sample"]) == (1.0, False)
-        (repaired,) = (await pool_status(BASE, transport))["instances"]
+        (repaired,) = (await settled_pool(BASE, transport))["instances"]
         assert repaired["pid"] != instance["pid"]
         assert repaired["state"] == "free"
 
@@ -246,16 +259,20 @@ async def test_seed_is_idempotent_and_refuses_conflicts(folder: Path) -> None:
         assert (await pool_status(BASE, transport))["open_episodes"] == 1
 
 
-async def test_close_session_tears_the_episode_down(folder: Path) -> None:
-    async with served(folder, source={"instances": 1, "max_instances": 1}) as transport:
+@pytest.mark.parametrize("fresh", [True, False], ids=["fresh instances", "reused instances"])
+async def test_close_session_tears_the_episode_down(folder: Path, fresh: bool) -> None:
+    """Closed, the episode's instance is replaced (process instances, fresh for each episode) or cleared."""
+    source = {"instances": 1, "max_instances": 1, "fresh_instances": fresh}
+    async with served(folder, source=source) as transport:
         row = row_for(folder, "corridor-east")
         episode = EpisodeClient(BASE, transport=transport)
         await episode.seed(row)
         await episode.call_tool("gridsim_move", {"direction": "right"})
         assert (await episode.post("/close_session", {})).status_code == 200
-        status = await pool_status(BASE, transport)
-        assert (status["open_episodes"], status["instances"][0]["state"]) == (0, "free")
-        assert await instance_state(BASE, 0, transport) == {"loaded": False}
+        status = await settled_pool(BASE, transport)
+        (instance,) = status["instances"]
+        assert (status["open_episodes"], instance["state"]) == (0, "free")
+        assert await instance_state(BASE, instance["index"], transport) == {"loaded": False}
         late = await episode.post("/verify", {**row, "response": episode.transcript.response("")})
         assert late.status_code == 409
         assert late.json() == {"detail": "this session was closed; there is nothing to verify"}
@@ -528,10 +545,10 @@ async def test_a_tool_that_hangs_times_out_masked_and_its_instance_is_replaced(m
         assert (answer["mask_sample"], answer["failure_kind"]) == (True, "transport_timeout")
         episode = EpisodeClient(BASE, transport=transport)
         await episode.seed(the_row)
-        await episode.call_tool("increment", {"by": 2})
-        assert (await episode.verify(the_row))["reward"] == 1.0
         (after,) = (await pool_status(BASE, transport))["instances"]
         assert (after["index"], after["episodes"]) == (before["index"] + 1, 1)  # a new instance took its place
+        await episode.call_tool("increment", {"by": 2})
+        assert (await episode.verify(the_row))["reward"] == 1.0
         if mode == "process":
             assert after["pid"] != before["pid"]  # a new process replaced the one that stopped answering
 

@@ -136,6 +136,20 @@ async def test_a_confined_instance_reaches_nothing_beyond_its_scratch(tmp_path: 
     assert reached["scratch"] == "done", reached
 
 
+async def test_a_folder_that_asks_for_the_network_gets_it_and_nothing_more(tmp_path: Path) -> None:
+    """``network: true`` in the folder's source (here from the command line): its instances share the machine's
+    network, and stay confined in every other way."""
+    reached, _ = await reach_from_an_instance(tmp_path, "--set", "source.network=true")
+    assert reached["server"] == "done", reached  # the server's own port, on the machine's loopback
+    assert reached["uid"] != 0, reached
+    assert (reached["shadow"], reached["bundle"], reached["tasks"]) == (
+        "Permission denied",
+        "Read-only file system",
+        "No such file or directory",
+    ), reached
+    assert (reached["parent"], reached["others"]) == (0, []), reached
+
+
 async def test_sandbox_off_leaves_the_same_instance_the_servers_reach(tmp_path: Path) -> None:
     reached, output = await reach_from_an_instance(tmp_path, "--sandbox", "off")
     assert "hosted code confinement: none" in output, output

@@ -95,7 +95,8 @@ async def test_the_pool_grows_to_its_maximum_then_answers_503_naming_the_option(
 async def test_instances_free_past_instance_idle_s_are_stopped_down_to_the_minimum(tmp_path: Path) -> None:
     folder = await write(tmp_path, "1:4")
     row = rows(folder)[0]
-    async with served(folder, instance_idle_s=1.0) as transport:
+    # Instances kept for another episode (not fresh for each), so that four of them are left free after the four.
+    async with served(folder, instance_idle_s=1.0, source={"fresh_instances": False}) as transport:
         held = await asyncio.gather(*(hold(transport, row) for _ in range(4)))
         status = await pool_status(BASE, transport)
         pids = [instance["pid"] for instance in status["instances"]]

@@ -20,6 +20,7 @@ import re
 import shutil
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, ExitStack, contextmanager
@@ -37,7 +38,7 @@ from gymhost.environments import awrite_folder, write_folder
 
 from .agentenv_helpers import GRIDSIM
 from .conftest import REPO
-from .processes import ServerProcess, free_port, gymhost_command, serving
+from .processes import STATE_TIMEOUT_S, ServerProcess, free_port, gymhost_command, serving
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes]
 
@@ -627,12 +628,18 @@ INSTANCE = (WRITTEN_ROUTES, "GET /agentenv/pool/{index}")
 @check((*INSTANCE, 200), (*INSTANCE, 404), kinds="written")
 def written_instance(at: At, path: str | None) -> None:
     with at.client() as http:
-        answer = http.get("/agentenv/pool/0")
+        # One the pool has now (process instances serve one episode each: the first ones are long replaced).
+        deadline = time.monotonic() + STATE_TIMEOUT_S
+        while not (instances := http.get("/agentenv/pool").json()["instances"]):
+            assert time.monotonic() < deadline, "the pool has no instance"
+            time.sleep(0.05)
+        index = instances[0]["index"]
+        answer = http.get(f"/agentenv/pool/{index}")
         assert answer.status_code == 200, answer.text
         instance = answer.json()
-        assert (instance["index"], instance["url"]) == (0, "http://instance-0"), instance
+        assert (instance["index"], instance["url"]) == (index, f"http://instance-{index}"), instance
         assert "data" in instance, "its state, as its data/get answers it"
-        refusal(http.get("/agentenv/pool/7"), 404)
+        refusal(http.get("/agentenv/pool/999999"), 404)
 
 
 # A gateway's routes

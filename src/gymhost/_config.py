@@ -30,12 +30,16 @@ __all__ = [
     "AGENT_ENV_PYTHON_ENV_VAR",
     "DEFAULT_DRAIN_TIMEOUT",
     "DEFAULT_HOST",
+    "DEFAULT_INSTANCE_CPU_S",
+    "DEFAULT_INSTANCE_MEMORY",
+    "DEFAULT_INSTANCE_PIDS",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_JSON_DEPTH",
     "DEFAULT_SANDBOX",
     "DRAIN_TIMEOUT_ENV_VAR",
     "FOLDERS_SPLIT_NOTE",
     "FOLDER_ENV_VAR",
+    "INSTANCE_LIMIT_ENV_VARS",
     "MASKED_VERDICTS",
     "MASKED_VERDICTS_ENV_VAR",
     "NO_TOKEN",
@@ -57,6 +61,7 @@ __all__ = [
     "configured_agent_env_python",
     "configured_drain_timeout",
     "configured_folders",
+    "configured_instance_limits",
     "configured_replica_id",
     "configured_sandbox",
     "configured_secret",
@@ -88,6 +93,19 @@ SANDBOX_ENV_VAR: Final = "GYMHOST_SANDBOX"
 Sandbox = Literal["auto", "strict", "off"]
 SANDBOXES: Final[tuple[Sandbox, ...]] = ("auto", "strict", "off")
 DEFAULT_SANDBOX: Final[Sandbox] = "auto"
+# What each confined process instance may take (``_confinement._limits``); ``gymhost serve --instance-memory``,
+# ``--instance-pids`` and ``--instance-cpu`` set them over a written config's (``configured_instance_limits``).
+# Memory: room for an environment that loads a model or a dataset beside the template's pages it shares (counted);
+# processes, threads included: a compiler's or a test runner's, and a thread pool per core of a big machine;
+# CPU: an episode's worth of compiling and running tests, past which a spinning instance is stopped.
+DEFAULT_INSTANCE_MEMORY: Final = 2 * 1024**3
+DEFAULT_INSTANCE_PIDS: Final = 512
+DEFAULT_INSTANCE_CPU_S: Final = 600
+INSTANCE_LIMIT_ENV_VARS: Final = {
+    "instance_memory": "GYMHOST_INSTANCE_MEMORY",
+    "instance_pids": "GYMHOST_INSTANCE_PIDS",
+    "instance_cpu_s": "GYMHOST_INSTANCE_CPU",
+}
 DEFAULT_DRAIN_TIMEOUT: Final = 120  # seconds; ServeConfig.drain_timeout says why
 VENV_DIR_ENV_VAR: Final = "GYMHOST_VENV_DIR"  # where folders' own venvs are kept (default ~/.cache/gymhost/venvs)
 AGENT_ENV_PYTHON_ENV_VAR: Final = "GYMHOST_AGENT_ENV_PYTHON"  # the interpreter with agentenv-framework[openenv]
@@ -181,6 +199,27 @@ def configured_sandbox() -> Sandbox | None:
         if value == sandbox:
             return sandbox
     raise ServeError(f"{SANDBOX_ENV_VAR} is {value!r}; expected one of: {', '.join(SANDBOXES)}")
+
+
+def configured_instance_limits() -> dict[str, int]:
+    """``GYMHOST_INSTANCE_MEMORY`` (bytes, or a size as 512MiB or 2GiB), ``GYMHOST_INSTANCE_PIDS`` and
+    ``GYMHOST_INSTANCE_CPU`` (seconds), those set: the operator's limits, by a bundle source's field names."""
+    from pydantic import ByteSize, TypeAdapter, ValidationError
+
+    limits = {}
+    for name, variable in INSTANCE_LIMIT_ENV_VARS.items():
+        value = os.environ.get(variable, "").strip()
+        if not value:
+            continue
+        try:
+            number = int(TypeAdapter(ByteSize).validate_python(value)) if name == "instance_memory" else int(value)
+        except (ValueError, ValidationError):
+            number = 0
+        if number < 1:
+            expected = "a size, as 512MiB or 2GiB" if name == "instance_memory" else "a whole number, 1 or more"
+            raise ServeError(f"{variable} is {value!r}; expected {expected}")
+        limits[name] = number
+    return limits
 
 
 def configured_folders() -> tuple[str, ...]:

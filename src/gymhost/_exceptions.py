@@ -20,7 +20,8 @@ are exported from ``gymhost.environments``, the others become a masked verdict o
     ├── StartupError                             instances that would not come up, or disagree
     ├── PoolExhaustedError                       no instance came free in time
     ├── EnvUnavailableError                      an instance that did not answer
-    │   └── EnvTimeoutError, EnvDroppedError, EnvAtCapacityError
+    │   ├── EnvTimeoutError, EnvDroppedError, EnvAtCapacityError
+    │   └── InstanceLimitError (an EnvDroppedError)  an instance that reached a limit and stopped
     ├── DataPlaneError                           an instance that answered with an error
     │   ├── EnvFailedError                       the environment ended the episode itself
     │   └── MalformedReplyError                  an answer outside the protocol: the instance is broken

@@ -94,6 +94,12 @@ _CONFINEMENT = Gauge(
     ["mount", "level"],
     multiprocess_mode="max",
 )
+_INSTANCE_STOPS = Counter(
+    "gymhost_instance_stops",
+    "Environment instances that ended without the pool asking: by the limit they reached (memory, processes, "
+    "cpu_time, file_size), or exited.",
+    ["mount", "reason"],
+)
 _SEEDS_WAITING = Gauge(
     "gymhost_seeds_waiting", "Seeds waiting for an environment instance.", ["mount"], multiprocess_mode="livesum"
 )
@@ -126,7 +132,8 @@ _HANDOFFS = Counter(
     ["outcome"],
 )
 _OURS = (HTTP_REQUEST_DURATION, HTTP_ACTIVE_REQUESTS, _EPISODES_OPEN, _EPISODES_ENDED, _REWARD, _VERDICTS_REFUSED,
-         _LOST_REQUESTS, _SEED_WAIT, _TOOL_CALL, _INSTANCES, _SEEDS_WAITING, _SESSIONS_STARTED, _ACCEPT_ERRORS,
+         _LOST_REQUESTS, _SEED_WAIT, _TOOL_CALL, _INSTANCES, _CONFINEMENT, _INSTANCE_STOPS, _SEEDS_WAITING,
+         _SESSIONS_STARTED, _ACCEPT_ERRORS,
          _LISTEN_OVERFLOWS, _FORWARD_FAILURES, _HANDOFFS)  # fmt: skip
 
 
@@ -181,6 +188,9 @@ class EpisodeMetrics:
 
     def request_lost(self, why: str) -> None:
         _LOST_REQUESTS.labels(self.mount, why).inc()
+
+    def instance_stopped(self, reason: str) -> None:
+        _INSTANCE_STOPS.labels(self.mount, reason).inc()
 
     def verdict_refused(self, failure_kind: str) -> None:
         _VERDICTS_REFUSED.labels(self.mount, failure_kind).inc()

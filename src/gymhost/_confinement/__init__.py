@@ -10,13 +10,17 @@ gymhost's own secrets are not in the server's (``_config.take_secrets``).
 from ._base import DEFAULT_SCRATCH_BYTES, Confinement, Level
 from ._choice import confinement, find_bwrap
 from ._environment import PASSED, hosted_environment
+from ._limits import LIMIT_KINDS, Limits, Reached, watch
 from ._rules import Rules, drop_privileges, enter_instance, fork_instance
 
 __all__ = [
     "DEFAULT_SCRATCH_BYTES",
+    "LIMIT_KINDS",
     "PASSED",
     "Confinement",
     "Level",
+    "Limits",
+    "Reached",
     "Rules",
     "confinement",
     "drop_privileges",
@@ -24,4 +28,5 @@ __all__ = [
     "find_bwrap",
     "fork_instance",
     "hosted_environment",
+    "watch",
 ]

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, Literal, Protocol
 
+from ._limits import Limits
 from ._rules import Rules
 
 __all__ = ["DEFAULT_SCRATCH_BYTES", "Confinement", "Level"]
@@ -32,18 +33,21 @@ class Confinement(Protocol):
     # Why this level, in words for the start line ("bubblewrap 0.11.0 at /usr/bin/bwrap, as uid 65534").
     description: str
 
-    def command(self, argv: Sequence[str], *, readable: Sequence[Path], writable: Sequence[Path]) -> list[str]:
+    def command(
+        self, argv: Sequence[str], *, readable: Sequence[Path], writable: Sequence[Path], network: bool = False
+    ) -> list[str]:
         """The command that runs ``argv`` as a process of hosted code, which may read ``readable`` (besides the
-        interpreter, which it always may) and write ``writable`` (besides its own scratch)."""
+        interpreter, which it always may) and write ``writable`` (besides its own scratch), and reach the network
+        only if ``network``."""
         ...
 
     def environment(self) -> dict[str, str]:
         """What such a process's environment holds at this level, beside ``hosted_environment``'s allow-list."""
         ...
 
-    def rules(self, *, hidden: Sequence[Path]) -> Rules | None:
-        """What the started process does to itself (``_rules``), with ``hidden`` covered in each instance; None at
-        a level that leaves it alone."""
+    def rules(self, *, hidden: Sequence[Path], limits: Limits, network: bool = False) -> Rules | None:
+        """What the started process does to itself (``_rules``): ``hidden`` covered in each instance, ``limits``
+        on each, the network theirs only if ``network``; None at a level that leaves it alone."""
         ...
 
     def hand_over(self, folder: Path) -> Path:

@@ -23,10 +23,12 @@ import os
 import stat
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
 from ._base import Level
+from ._limits import Limits
 from ._rules import Rules
 
 __all__ = ["UNPRIVILEGED", "Bubblewrap"]
@@ -46,9 +48,13 @@ class Bubblewrap:
         who = f"as uid {self.user[0]}" if self.user is not None else f"as uid {os.geteuid()}"
         self.description = f"{version} at {bwrap}, {who}"
 
-    def command(self, argv: Sequence[str], *, readable: Sequence[Path], writable: Sequence[Path]) -> list[str]:
+    def command(
+        self, argv: Sequence[str], *, readable: Sequence[Path], writable: Sequence[Path], network: bool = False
+    ) -> list[str]:
         command = [self.bwrap, "--die-with-parent", "--new-session"]
-        command += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--unshare-cgroup-try"]
+        command += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+        if not network:
+            command.append("--unshare-net")
         if self.user is not None:  # no user namespace: see the module's docstring
             command += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
         else:
@@ -62,8 +68,9 @@ class Bubblewrap:
         # Its home and temporary folder are its scratch: the server's are not its to write, or out of its sight.
         return {"HOME": _SCRATCH, "TMPDIR": _SCRATCH}
 
-    def rules(self, *, hidden: Sequence[Path]) -> Rules:
-        return Rules(self.user, self.scratch_bytes, tuple(str(folder) for folder in hidden))
+    def rules(self, *, hidden: Sequence[Path], limits: Limits, network: bool = False) -> Rules:
+        limits = replace(limits, file_bytes=self.scratch_bytes)  # no file bigger than the scratch that holds it
+        return Rules(self.user, self.scratch_bytes, tuple(str(folder) for folder in hidden), network, limits)
 
     def hand_over(self, folder: Path) -> Path:
         if self.user is None:

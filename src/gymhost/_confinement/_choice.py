@@ -22,6 +22,7 @@ from .._exceptions import ConfinementError
 from ._base import DEFAULT_SCRATCH_BYTES, Confinement
 from ._bubblewrap import Bubblewrap
 from ._environment import hosted_environment
+from ._limits import Limits
 from ._unconfined import Unconfined
 
 __all__ = ["confinement", "find_bwrap"]
@@ -75,7 +76,8 @@ def _try_namespaces() -> tuple[str, Bubblewrap | None]:
     folder = Path(tempfile.mkdtemp(prefix="gymhost-confinement-probe-"))  # as an instances' sockets folder is
     try:
         handed = candidate.hand_over(folder)
-        argv = [sys.executable, "-m", "gymhost._confinement._probe", candidate.rules(hidden=[handed]).to_argument()]
+        rules = candidate.rules(hidden=[handed], limits=Limits())
+        argv = [sys.executable, "-m", "gymhost._confinement._probe", rules.to_argument()]
         command = candidate.command(argv, readable=[Path(__file__).parent], writable=[handed])
         done = subprocess.run(
             command,

@@ -37,6 +37,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import NoReturn
 
+from ._limits import Limits, apply_limits
+
 __all__ = ["Rules", "drop_privileges", "enter_instance", "fork_instance"]
 
 _PR_SET_PDEATHSIG = 1
@@ -54,12 +56,13 @@ class Rules:
     """How a process of hosted code confines itself: ``user`` (uid, gid) to become at its start (None: it is not
     root, and stays who it is); each instance's scratch of ``scratch_bytes``; ``hidden``: folders of the server's
     an instance must not see (the instances' sockets); ``network``: False gives each instance a network namespace
-    of its own, with nothing but its loopback."""
+    of its own, with nothing but its loopback; ``limits``: what each instance may take (``_limits``)."""
 
     user: tuple[int, int] | None
     scratch_bytes: int
     hidden: tuple[str, ...] = field(default=())
     network: bool = False
+    limits: Limits = field(default_factory=Limits)
 
     def to_argument(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -73,6 +76,7 @@ class Rules:
             scratch_bytes=int(given["scratch_bytes"]),
             hidden=tuple(str(path) for path in given.get("hidden", ())),
             network=bool(given.get("network", False)),
+            limits=Limits(**{name: None if n is None else int(n) for name, n in given.get("limits", {}).items()}),
         )
 
 
@@ -145,6 +149,7 @@ def _confine(rules: Rules, uid: int, gid: int) -> None:
             _mount("tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=4096,mode=0")
     os.chdir(_SCRATCH)
     _drop_capabilities()
+    apply_limits(rules.limits)
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
     _prctl(_PR_SET_DUMPABLE, 0)  # siblings run as the same user: none may ptrace this one or read its memory
 

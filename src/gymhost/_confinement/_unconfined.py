@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ._base import Level
+from ._limits import Limits
 from ._rules import Rules
 
 __all__ = ["Unconfined"]
@@ -19,14 +20,16 @@ class Unconfined:
     def __init__(self, description: str) -> None:
         self.description = description
 
-    def command(self, argv: Sequence[str], *, readable: Sequence[Path], writable: Sequence[Path]) -> list[str]:
+    def command(
+        self, argv: Sequence[str], *, readable: Sequence[Path], writable: Sequence[Path], network: bool = False
+    ) -> list[str]:
         return list(argv)
 
     def environment(self) -> dict[str, str]:
         return {}
 
-    def rules(self, *, hidden: Sequence[Path]) -> Rules | None:
-        return None
+    def rules(self, *, hidden: Sequence[Path], limits: Limits, network: bool = False) -> Rules | None:
+        return None  # no limits either: the code is trusted, or nothing here could hold it
 
     def hand_over(self, folder: Path) -> Path:
         return folder  # the server's own user, who may write there already

@@ -14,6 +14,7 @@ from .._config import (
     DRAIN_TIMEOUT_ENV_VAR,
     FOLDER_ENV_VAR,
     FOLDERS_SPLIT_NOTE,
+    INSTANCE_LIMIT_ENV_VARS,
     MASKED_VERDICTS,
     MASKED_VERDICTS_ENV_VAR,
     NO_TOKEN,
@@ -24,6 +25,7 @@ from .._config import (
     TOKEN_ENV_VAR,
     AppSettings,
     ServeConfig,
+    configured_instance_limits,
     take_secrets,
 )
 from .._exceptions import FolderError
@@ -191,6 +193,34 @@ __all__ = ["serve"]
     "unconfined, the code trusted. Over what a written folder's config says.  [default: the folder's, else auto]",
 )
 @click.option(
+    "--instance-memory",
+    envvar=INSTANCE_LIMIT_ENV_VARS["instance_memory"],
+    show_envvar=True,
+    metavar="SIZE",
+    default=None,
+    help="A confined instance's memory (as 1GiB); past it, the instance is stopped and its episode masked.  "
+    "[default: the folder's, else 2GiB]",
+)
+@click.option(
+    "--instance-pids",
+    envvar=INSTANCE_LIMIT_ENV_VARS["instance_pids"],
+    show_envvar=True,
+    metavar="N",
+    type=click.IntRange(1),
+    default=None,
+    help="A confined instance's processes and threads.  [default: the folder's, else 512]",
+)
+@click.option(
+    "--instance-cpu",
+    envvar=INSTANCE_LIMIT_ENV_VARS["instance_cpu_s"],
+    show_envvar=True,
+    metavar="SECONDS",
+    type=click.IntRange(1),
+    default=None,
+    help="A confined instance's CPU time (an episode's: instances are fresh for each).  [default: the folder's, "
+    "else 600]",
+)
+@click.option(
     "--root-path",
     default=ServeConfig.root_path,
     metavar="PREFIX",
@@ -212,8 +242,14 @@ def serve(paths: tuple[str, ...], only: str | None, **options: Any) -> None:
     sandbox = options.pop("sandbox")
     if sandbox is not None:  # read where each folder's launcher starts, in this process, its workers or its venv
         os.environ[SANDBOX_ENV_VAR] = sandbox
+    for option, field in (("instance_memory", "instance_memory"), ("instance_pids", "instance_pids"),
+                          ("instance_cpu", "instance_cpu_s")):  # fmt: skip
+        value = options.pop(option)
+        if value is not None:  # the same way, checked there (``configured_instance_limits``)
+            os.environ[INSTANCE_LIMIT_ENV_VARS[field]] = str(value)
     source = click.get_current_context().get_parameter_source("paths")
     with one_line_errors():
+        configured_instance_limits()  # a size that is not one: said now, not as the first instance starts
         config = _config(paths, only, **options)
         try:
             Server(config, say=_say).run()

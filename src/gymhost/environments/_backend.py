@@ -144,6 +144,7 @@ class Instance:
     healthy: bool = True
     queued: bool = False  # in the pool's free list, ready for the next lease
     retired: bool = False  # taken out of the pool: stopped on purpose, or broken and replaced
+    one_episode: bool = False  # replaced after its episode, never cleared for another (a fresh fork each)
     episodes: int = 0
     free_since: float = 0.0  # loop time it last became free: the pool stops the ones free too long
 
@@ -175,8 +176,9 @@ class Launcher(Protocol):
         """Take it down; not ``graceful`` when it is broken, and a request stuck in it would only delay the end."""
         ...
 
-    async def exited(self, instance: Instance) -> None:
-        """Return when the instance has ended, whoever ended it (never, for one this launcher cannot watch)."""
+    async def exited(self, instance: Instance) -> Failure | None:
+        """Return when the instance has ended, whoever ended it (never, for one this launcher cannot watch): with
+        why, when the instance said (a limit it reached)."""
         ...
 
     async def close(self) -> None:

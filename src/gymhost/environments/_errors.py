@@ -20,6 +20,7 @@ __all__ = [
     "EnvUnavailableError",
     "EpisodeStateError",
     "ExtensionError",
+    "InstanceLimitError",
     "MalformedReplyError",
     "McpMalformedReplyError",
     "McpSessionError",
@@ -79,6 +80,15 @@ class EnvTimeoutError(EnvUnavailableError):
 
 class EnvDroppedError(EnvUnavailableError):
     """The instance dropped the connection in the middle of a call: it crashed, or was killed."""
+
+
+class InstanceLimitError(EnvDroppedError):
+    """The instance reached one of its limits (memory, processes, CPU time, a file's size: ``_confinement._limits``)
+    and stopped, saying which. ``kind`` is the limit's failure_kind."""
+
+    def __init__(self, message: str, *, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class EnvAtCapacityError(EnvUnavailableError):

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from .._confinement import LIMIT_KINDS
 from .._nemo_gym import CANCELLED, PROVIDER_UNAVAILABLE, SESSION_EXPIRED, SESSION_LOST, SHUTDOWN
 from ._errors import (
     DataPlaneError,
@@ -20,6 +21,7 @@ from ._errors import (
     EnvFailedError,
     EnvTimeoutError,
     EnvUnavailableError,
+    InstanceLimitError,
     MalformedReplyError,
     McpSessionError,
     PoolExhaustedError,
@@ -60,7 +62,7 @@ INTERNAL_ERROR = "agentenv:internal_error"
 ENVIRONMENT_ERROR = "openenv:environment_error"
 NO_REWARD = "openenv:no_reward"
 # Failures that say the instance itself is broken: it is replaced (a bundle) or probed (a URL) before reuse.
-_BREAKS_INSTANCE = frozenset({UNREACHABLE, PEER_DROP, TIMEOUT, SESSION_LOST, MALFORMED_REPLY})
+_BREAKS_INSTANCE = frozenset({UNREACHABLE, PEER_DROP, TIMEOUT, SESSION_LOST, MALFORMED_REPLY, *LIMIT_KINDS.values()})
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ def classify(error: BaseException, *, stage: str) -> Failure:
         return Failure(NO_INSTANCE, reason)
     if isinstance(error, TimeoutError | httpx.TimeoutException | EnvTimeoutError):
         return Failure(TIMEOUT, reason)
+    if isinstance(error, InstanceLimitError):  # before EnvDroppedError: an instance that said why it ended
+        return Failure(error.kind, reason)
     if isinstance(error, EnvDroppedError):
         return Failure(PEER_DROP, reason)
     if isinstance(error, EnvUnavailableError | httpx.TransportError):

@@ -11,7 +11,8 @@ time) instead of waiting for a release, and instances free for longer than ``ins
 the minimum. It heals before anyone notices: an instance that exits is noticed when it exits (the launcher watches
 its process or task) and replaced, so a seed never takes a dead one; one that breaks in an episode is replaced when
 the episode gives it back. Instances at URLs are someone else's: the pool neither starts nor stops them, and one that
-stops answering is out of rotation until it answers again.
+stops answering is out of rotation until it answers again. An instance that serves one episode only (a process
+instance, fresh for each: ``Instance.one_episode``) is replaced when its episode gives it back, never cleared.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import logging
 from collections import deque
 from typing import Any
 
+from .._confinement import LIMIT_KINDS
 from .._exceptions import GymhostError
+from .._metrics import EpisodeMetrics
 from ._backend import Catalog, Instance, Launcher
 from ._counters import Counters
 from ._errors import DataPlaneError, EnvUnavailableError, PoolExhaustedError, StartupError
@@ -36,18 +39,35 @@ logger = logging.getLogger("gymhost.environments")
 _PROBE_INTERVAL_S = 1.0  # how often a broken URL instance is asked whether it answers
 _URL_CHECK_EVERY_S = 5.0  # how often a free URL instance is asked, so one that went quiet is out before a seed
 _START_RETRY_S = 1.0  # after a failed start, before the pool tries again
+_LIMITS = {kind: limit for limit, kind in LIMIT_KINDS.items()}  # an instance's stop, by the limit it reached
 
 
 class Pool:
-    def __init__(self, launcher: Launcher, minimum: int, maximum: int, settings: PoolSettings) -> None:
+    def __init__(
+        self,
+        launcher: Launcher,
+        minimum: int,
+        maximum: int,
+        settings: PoolSettings,
+        metrics: EpisodeMetrics | None = None,
+    ) -> None:
         self.launcher = launcher
+        self.metrics = metrics if metrics is not None else EpisodeMetrics()
         self.minimum = minimum
         self.maximum = maximum if launcher.owns_instances else minimum
         self.settings = settings
         self.instances: list[Instance] = []
         self.catalog = Catalog("")  # what the environment offers, hidden tools included, once started
         self.counters = Counters(
-            ("lease_timeouts", "instances_started", "instances_stopped", "instances_replaced", "start_failures"), logger
+            (
+                "lease_timeouts",
+                "instances_started",
+                "instances_stopped",
+                "instances_replaced",
+                "instances_renewed",
+                "start_failures",
+            ),
+            logger,
         )
         self._retired_leased: set[Instance] = set()  # retired while an episode held them: stopped on release
         self._free: deque[Instance] = deque()  # the most recently freed last: it is leased first, the others age
@@ -158,6 +178,9 @@ class Pool:
             return
         if breaks_instance(failure) or not instance.healthy:
             self._retire(instance)
+            return
+        if instance.one_episode:
+            self._retire(instance, renewed=True)
             return
         try:
             # Also while the pool stops: an instance at a URL outlives this server, and must not keep the episode.
@@ -304,16 +327,23 @@ class Pool:
 
     def _watch(self, instance: Instance) -> None:
         async def watch() -> None:
-            await self.launcher.exited(instance)
+            said = await self.launcher.exited(instance)
+            limit = _LIMITS.get(said.kind) if said is not None else None
+            if said is not None and limit is not None:  # counted even when the pool had retired it meanwhile
+                logger.warning("environment instance %s: %s; replacing it", instance.index, said.reason)
+                self.metrics.instance_stopped(limit)
             if not instance.retired and not self._stopping:
-                logger.warning("environment instance %s ended by itself; replacing it", instance.index)
+                if limit is None:
+                    logger.warning("environment instance %s ended by itself; replacing it", instance.index)
+                    self.metrics.instance_stopped("exited")
                 self._retire(instance)
 
         self._background(watch(), f"gymhost-instance-{instance.index}-watch")
 
-    def _retire(self, instance: Instance) -> None:
+    def _retire(self, instance: Instance, *, renewed: bool = False) -> None:
         """Out of rotation at once: an instance the launcher owns is stopped and replaced as needed; one at a URL is
-        probed until it answers again. An episode still holding it finds out on its next call."""
+        probed until it answers again. An episode still holding it finds out on its next call. ``renewed``: it
+        served its one episode (counted apart from the broken ones)."""
         if instance.retired or self._stopping:
             instance.healthy = False
             return
@@ -327,7 +357,7 @@ class Pool:
             return
         instance.retired = True
         self.instances.remove(instance)
-        self.counters["instances_replaced"] += 1
+        self.counters["instances_renewed" if renewed else "instances_replaced"] += 1
         if instance.leased:
             # Its episode learns of it on its next call, as an unreachable environment; closing the client under
             # the episode would turn that into an error of gymhost's own.

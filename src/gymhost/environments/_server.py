@@ -28,6 +28,7 @@ from starlette.routing import BaseRoute, Route, request_response
 from .._exceptions import FolderError
 from .._hosting._lifespan import wrap_lifespan
 from .._hosting._routes import hot_routes_first
+from .._metrics import EpisodeMetrics
 from ..middleware.masked_verdicts import VERDICT_FIELDS, MaskedVerdictsMiddleware, launcher_mode
 from ._backend import ServerFolder
 from ._episodes import Episodes
@@ -146,13 +147,14 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         @asynccontextmanager
         async def environment(app_: FastAPI) -> AsyncIterator[None]:
             config = self.config
+            metrics = self._metrics if self._metrics is not None else EpisodeMetrics()
             episodes = Episodes(
-                Pool(launcher, *backend.bounds(config.source), PoolSettings.of(config)),
+                Pool(launcher, *backend.bounds(config.source), PoolSettings.of(config), metrics),
                 self._tasks,
                 config.environment,
                 EpisodeSettings.of(config),
                 backend.check_task,
-                self._metrics,
+                metrics,
             )
             await episodes.start()
             self._episodes = episodes

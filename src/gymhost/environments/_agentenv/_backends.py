@@ -12,10 +12,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from agentenv_protocol.client import find_extension
-from pydantic import Field
+from pydantic import ByteSize, Field
 
-from ..._config import DEFAULT_SANDBOX, Sandbox, configured_sandbox
-from ..._confinement import confinement
+from ..._config import (
+    DEFAULT_INSTANCE_CPU_S,
+    DEFAULT_INSTANCE_MEMORY,
+    DEFAULT_INSTANCE_PIDS,
+    DEFAULT_SANDBOX,
+    Sandbox,
+    configured_instance_limits,
+    configured_sandbox,
+)
+from ..._confinement import Limits, confinement
 from ..._exceptions import FolderError
 from .._backend import Backend, Catalog, Launcher, ServerFolder, Source, WriteOptions
 from .._catalog import checked
@@ -62,6 +70,39 @@ class BundleSource(SourceConfig):
         default=DEFAULT_SANDBOX,
         description="process mode: how instances are confined (auto, strict, off); GYMHOST_SANDBOX overrides it",
     )
+    # What a confined instance may take; reached, it is stopped and its episode masked (docs/security.md).
+    instance_memory: ByteSize = Field(
+        default=ByteSize(DEFAULT_INSTANCE_MEMORY),
+        description="confined: an instance's memory (RLIMIT_DATA), as 2GiB; GYMHOST_INSTANCE_MEMORY overrides it",
+    )
+    instance_pids: int = Field(
+        default=DEFAULT_INSTANCE_PIDS,
+        ge=1,
+        description="confined: an instance's processes and threads; GYMHOST_INSTANCE_PIDS overrides it",
+    )
+    instance_cpu_s: int = Field(
+        default=DEFAULT_INSTANCE_CPU_S,
+        ge=1,
+        description="confined: an instance's seconds of CPU time (an episode's); GYMHOST_INSTANCE_CPU overrides it",
+    )
+    network: bool = Field(
+        default=False,
+        description="confined: whether instances may reach the network (false: nothing but their own loopback)",
+    )
+    fresh_instances: bool = Field(
+        default=True,
+        description="process mode: each episode on an instance of its own, forked fresh (false: reused, cleared)",
+    )
+
+    def limits(self) -> Limits:
+        """Its instances' limits, the operator's (``gymhost serve --instance-memory``...) over the folder's."""
+        given = {**self.model_dump(include={"instance_memory", "instance_pids", "instance_cpu_s"}),
+                 **configured_instance_limits()}  # fmt: skip
+        return Limits(
+            memory_bytes=int(given["instance_memory"]),
+            processes=int(given["instance_pids"]),
+            cpu_seconds=int(given["instance_cpu_s"]),
+        )
 
 
 class UrlsSource(SourceConfig):
@@ -123,7 +164,14 @@ class BundleBackend(_AgentenvBackend[BundleSource]):
         if source.mode == "in_process":
             return InProcessLauncher(bundle)
         sandbox = configured_sandbox() or source.sandbox  # the operator's choice over the folder's
-        return BundleLauncher(bundle, construct_once=source.construct_once, confinement=confinement(sandbox))
+        return BundleLauncher(
+            bundle,
+            construct_once=source.construct_once,
+            confinement=confinement(sandbox),
+            limits=source.limits(),
+            network=source.network,
+            fresh=source.fresh_instances,
+        )
 
     async def inspect(self, given: str, options: WriteOptions) -> Source | None:
         if is_url(given):

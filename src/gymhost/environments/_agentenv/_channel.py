@@ -14,6 +14,9 @@ folder only this user can open, so nothing else can speak on it. A request is ``
 answer is ``(id, True, value)`` or ``(id, False, (error class name, message, kind))``: the errors are the bridge's own
 (``_errors``), raised again in the server as they were raised in the instance, and anything else is answered as a
 malformed reply. Several calls may be in flight on one connection (a tool call, and the pool reading the state).
+An instance that reached one of its limits says so unasked, on every connection, just before it ends: a notice,
+``(0, False, ("InstanceLimitError", message, failure_kind))``, which fails every call in flight and every later one
+(``end_for_limit``).
 
 Failures keep their meaning: a socket nobody listens on is ``EnvUnavailableError``, a connection that drops with a
 call in flight ``EnvDroppedError``, no answer in time ``EnvTimeoutError``, a frame that is not one
@@ -26,23 +29,33 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import os
 import pickle
 import socket
 import struct
+import sys
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 from agentenv_protocol import ToolResult
 
+from ..._confinement import Reached
 from ..._exceptions import GymhostError
 from .. import _errors
 from .._backend import Catalog, ToolSession
-from .._errors import EnvDroppedError, EnvTimeoutError, EnvUnavailableError, MalformedReplyError, McpSessionError
+from .._errors import (
+    EnvDroppedError,
+    EnvTimeoutError,
+    EnvUnavailableError,
+    InstanceLimitError,
+    MalformedReplyError,
+    McpSessionError,
+)
 from .._grading import Outcome
 from .._tasks import Task
 from ._eager import start_eagerly
 
-__all__ = ["ChannelClient", "listen_at", "serve_instance"]
+__all__ = ["ChannelClient", "Copies", "end_for_limit", "listen_at", "serve_instance"]
 
 logger = logging.getLogger("gymhost.environments")
 
@@ -50,6 +63,9 @@ _HEADER = struct.Struct(">I")
 _MAX_FRAME = 256 * 1024 * 1024  # a tool result can be large (a file, a screenshot); past this, the peer is broken
 _MARGIN_S = 1.0  # the instance times its own tool calls out; the server waits this much longer before it does
 _ANY_CATALOG = Catalog("")  # the catalog an instance process opens its own tool sessions with (they are direct)
+_NOTICE = 0  # the request id of what an instance says unasked; a call's ids start at 1
+_LIMIT_EXIT = 70  # the status an instance that reached a limit ends with (EX_SOFTWARE)
+_ENDED_WAIT_S = 1.0  # how long the server waits, once an instance has exited, for the rest of what it said
 
 
 class _Framed(asyncio.Protocol):
@@ -108,22 +124,42 @@ class _Framed(asyncio.Protocol):
 # -- the server's side ---------------------------------------------------------------------------------------------
 
 
+class Copies:
+    """What the instances forked from one constructed environment share: its catalog, read from the first of them.
+    Each other answers describe with it (``ChannelClient``), once it answers at all: a start then costs no catalog
+    built in the instance and read here (a third of a start's CPU, measured in benchmarks/README.md)."""
+
+    def __init__(self) -> None:
+        self.catalog: Catalog | None = None
+
+
 class ChannelClient:
     """One instance process, as the bridge talks to it (``InstanceClient``), over its channel socket. The connection
     is made on first use and again after it drops (the pool's describe is what waits for a starting instance)."""
 
-    def __init__(self, path: str, *, base_url: str, data_timeout: float) -> None:
+    def __init__(self, path: str, *, base_url: str, data_timeout: float, copies: Copies | None = None) -> None:
+        """``copies``: the instance is a copy of others (forked from one constructed environment), which share
+        their catalog there."""
         self.path = path
         self.base_url = base_url
         self.data_timeout = data_timeout
+        self._copies = copies
         self._protocol: _Framed | None = None
         self._connecting: asyncio.Lock | None = None
         self._pending: dict[int, asyncio.Future[Any]] = {}
         self._ids = itertools.count(1)
         self._sessions = itertools.count(1)
+        self.ended_by: InstanceLimitError | None = None  # the limit the instance said it reached, as it ended
+        self._closed: asyncio.Event | None = None  # set when the connection ends
 
     async def describe(self) -> Catalog:
+        copies = self._copies
+        if copies is not None and copies.catalog is not None:
+            await self.call("ready")
+            return copies.catalog
         catalog: Catalog = await self.call("describe")
+        if copies is not None:
+            copies.catalog = catalog
         return catalog
 
     async def hidden_tools(self, catalog: Catalog) -> set[str]:
@@ -158,6 +194,8 @@ class ChannelClient:
         """One call in the instance; its answer, or the error it raised there. ``timeout``: how long to wait (the
         data plane's by default); ``limit``: the time limit to name when it passes (a tool call's own, which the
         instance enforces first and the server a little later, for a tool that blocks the instance's loop)."""
+        if self.ended_by is not None:
+            raise InstanceLimitError(str(self.ended_by), kind=self.ended_by.kind)
         protocol = await self._connected()
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -170,6 +208,14 @@ class ChannelClient:
             raise EnvTimeoutError(f"{self.base_url}: {operation} did not answer within {limit or wait:g}s") from None
         finally:
             self._pending.pop(request_id, None)
+
+    async def ended(self) -> InstanceLimitError | None:
+        """Once the instance has exited: the limit it said it reached, if it said one (what it wrote before it
+        ended is read first, within ``_ENDED_WAIT_S``)."""
+        if self._protocol is not None and self._closed is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._closed.wait(), _ENDED_WAIT_S)
+        return self.ended_by
 
     async def _connected(self) -> _Framed:
         if self._protocol is not None:
@@ -184,6 +230,7 @@ class ChannelClient:
                 except OSError as error:
                     raise EnvUnavailableError(f"{self.base_url}: {error!r}") from error
                 self._protocol = protocol
+                self._closed = asyncio.Event()
             return self._protocol
 
     def _framed(self) -> _Framed:
@@ -196,6 +243,9 @@ class ChannelClient:
         except (TypeError, ValueError):
             self._lost(None, MalformedReplyError(f"{self.base_url}: an answer that is not (id, ok, value)"))
             return
+        if request_id == _NOTICE:
+            self._noticed(value)
+            return
         future = self._pending.get(request_id)
         if future is None or future.done():
             return  # timed out meanwhile
@@ -204,10 +254,21 @@ class ChannelClient:
         else:
             future.set_exception(_error_from(self.base_url, value))
 
+    def _noticed(self, value: Any) -> None:
+        """What the instance said unasked: that it reached a limit, and ends; anything else is not the protocol."""
+        error = _error_from(self.base_url, value)
+        if not isinstance(error, InstanceLimitError):
+            error = MalformedReplyError(f"{self.base_url}: a notice that is not one: {error}")
+        else:
+            self.ended_by = error
+        self._fail_pending(error)
+
     def _lost(self, protocol: _Framed | None, error: BaseException | None) -> None:
         if protocol is not None and protocol is not self._protocol:
             return  # an earlier connection's end, reported late: its calls failed when it broke
         self._protocol = None
+        if self._closed is not None:
+            self._closed.set()
         if isinstance(error, MalformedReplyError):
             self._fail_pending(MalformedReplyError(f"{self.base_url}: {error}"))
         else:
@@ -277,6 +338,9 @@ def _error_from(base_url: str, value: Any) -> BaseException:
 # -- the instance's side -------------------------------------------------------------------------------------------
 
 
+_SERVED: set[_Framed] = set()  # the instance's connections to the server, for a notice
+
+
 class _Served:
     """One connection to an instance process: the server's calls run on the instance's client and its sessions."""
 
@@ -285,6 +349,7 @@ class _Served:
         self.sessions: dict[int, Any] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.protocol = _Framed(self._received, self._lost)
+        _SERVED.add(self.protocol)
 
     def _received(self, message: Any) -> None:
         # Started from the read itself: a call that never waits is answered before this returns, which saves the
@@ -314,6 +379,8 @@ class _Served:
         if operation == "call_tool":
             session, name, tool_arguments = arguments
             return await self._session(session).call_tool(name, tool_arguments)
+        if operation == "ready":  # answered at all: serving (a copy's catalog is known, ``Copies``)
+            return None
         if operation == "describe":
             return await client.describe()
         if operation == "hidden_tools":
@@ -348,11 +415,30 @@ class _Served:
         return opened
 
     def _lost(self, error: BaseException | None) -> None:
+        _SERVED.discard(self.protocol)
         sessions, self.sessions = self.sessions, {}
         for opened in sessions.values():
             task = asyncio.get_running_loop().create_task(opened.close())
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+
+
+def end_for_limit(reached: Reached) -> NoReturn:
+    """In an instance that reached a limit: say which on every connection to the server, and end now. Called from
+    a signal handler or from the thread that met the limit, so the notice is written to each socket directly, where
+    nothing of the event loop's is waiting to be sent (a frame half sent would garble it)."""
+    try:
+        said = (InstanceLimitError.__name__, reached.message, reached.failure_kind)
+        payload = pickle.dumps((_NOTICE, False, said))
+        frame = _HEADER.pack(len(payload)) + payload
+        for protocol in list(_SERVED):
+            transport = protocol.transport
+            if transport is not None and not transport.is_closing() and not transport.get_write_buffer_size():
+                with contextlib.suppress(OSError):
+                    os.write(transport.get_extra_info("socket").fileno(), frame)
+        print(f"gymhost: environment instance: {reached.message}", file=sys.stderr, flush=True)
+    finally:
+        os._exit(_LIMIT_EXIT)
 
 
 def listen_at(path: str) -> socket.socket:

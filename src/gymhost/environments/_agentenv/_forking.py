@@ -24,12 +24,13 @@ import sys
 from pathlib import Path
 
 from ..._config import DEFAULT_SANDBOX, configured_sandbox
-from ..._confinement import Confinement, Rules, confinement, hosted_environment
+from ..._confinement import Confinement, Limits, Rules, confinement, hosted_environment
 from ..._scratch import remove, scratch_folder
 from .._backend import Instance
 from .._errors import StartupError
+from .._outcomes import Failure
 from .._settings import DEFAULT_CONSTRUCT_ONCE, PoolSettings
-from ._channel import ChannelClient
+from ._channel import ChannelClient, Copies
 
 __all__ = ["CONFINE", "CONSTRUCT_EACH", "PIDFDS", "SERVE", "SERVER_PID", "SPAWNED", "TEMPLATE_READY", "BundleLauncher"]
 
@@ -134,6 +135,7 @@ class _Template:
     def __init__(self, process: asyncio.subprocess.Process, forks: bool, pidfds: socket.socket) -> None:
         self.process = process
         self.forks = forks
+        self.copies = Copies()  # what its forks share, when they are copies of one constructed environment
         self._pidfds = pidfds
         self._lock = asyncio.Lock()
 
@@ -196,12 +198,13 @@ class _Start:
     """How a bundle's hosted processes (its template, or an instance on its own) start: its Python module, run
     through the server's confinement, with an environment of its own."""
 
-    def __init__(self, bundle: Path, confinement: Confinement) -> None:
+    def __init__(self, bundle: Path, confinement: Confinement, limits: Limits, network: bool) -> None:
         self.bundle = bundle
         self.confinement = confinement
+        self.network = network
         self.folder = scratch_folder("instances")
         self.sockets = confinement.hand_over(self.folder)
-        self.rules: Rules | None = confinement.rules(hidden=[self.sockets])
+        self.rules: Rules | None = confinement.rules(hidden=[self.sockets], limits=limits, network=network)
 
     async def process(self, arguments: list[str], **options: object) -> asyncio.subprocess.Process:
         argv = [sys.executable, *_TEMPLATE, str(self.bundle), *arguments]
@@ -211,7 +214,7 @@ class _Start:
         # which process to die with (``_template._die_with_server``): the pid means nothing in a namespace.
         told = {SERVER_PID: str(os.getpid())} if self.rules is None else {}
         return await asyncio.create_subprocess_exec(
-            *self.confinement.command(argv, readable=[self.bundle], writable=[self.sockets]),
+            *self.confinement.command(argv, readable=[self.bundle], writable=[self.sockets], network=self.network),
             stdin=asyncio.subprocess.PIPE,  # closed (or the server dies): the process goes, and the instances too
             env=hosted_environment(**self.confinement.environment(), **told),  # never the server's own
             **options,  # type: ignore[arg-type]
@@ -229,12 +232,20 @@ class BundleLauncher:
         *,
         construct_once: bool = DEFAULT_CONSTRUCT_ONCE,
         confinement: Confinement | None = None,
+        limits: Limits | None = None,
+        network: bool = False,
+        fresh: bool = True,
     ) -> None:
         """``confinement``: the level its processes run at; by default the one ``GYMHOST_SANDBOX`` (else ``auto``)
-        gives."""
+        gives. Confined, each instance takes at most ``limits`` and reaches the network only if ``network``.
+        ``fresh``: each instance serves one episode, and the next gets a fresh fork (nothing one leaves behind, in
+        its scratch or its memory, reaches another)."""
         self.bundle = bundle
         self.construct_once = construct_once
         self.confinement = confinement if confinement is not None else default_confinement()
+        self.limits = limits if limits is not None else Limits()
+        self.network = network
+        self.fresh = fresh
         self.description = f"bundle {bundle}"
         self.confinement_level: str = self.confinement.level
         self._template: _Template | None = None
@@ -249,8 +260,11 @@ class BundleLauncher:
             process: ForkedProcess | SpawnedProcess = await template.spawn(path, settings.startup_timeout_s)
         else:  # stdin never written: closed when this process goes, and so it goes
             process = SpawnedProcess(await self._start.process([SERVE, str(path)]))
-        client = ChannelClient(str(path), base_url=f"http://instance-{index}", data_timeout=settings.data_timeout_s)
-        return Instance(index, client, process=process)
+        copies = template.copies if template.forks and self.construct_once else None
+        client = ChannelClient(
+            str(path), base_url=f"http://instance-{index}", data_timeout=settings.data_timeout_s, copies=copies
+        )
+        return Instance(index, client, process=process, one_episode=self.fresh)
 
     async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
         await instance.client.aclose()
@@ -259,9 +273,12 @@ class BundleLauncher:
                 instance.process.kill()
             await instance.process.terminate()
 
-    async def exited(self, instance: Instance) -> None:
+    async def exited(self, instance: Instance) -> Failure | None:
         assert instance.process is not None
+        assert isinstance(instance.client, ChannelClient)
         await instance.process.wait()
+        reached = await instance.client.ended()
+        return Failure(reached.kind, str(reached)) if reached is not None else None
 
     async def close(self) -> None:
         template, self._template = self._template, None
@@ -279,7 +296,7 @@ class BundleLauncher:
                 if self._template is not None:  # one that died: its pipes and socket closed, its process reaped
                     await self._template.stop()
                 if self._start is None:
-                    self._start = _Start(self.bundle, self.confinement)
+                    self._start = _Start(self.bundle, self.confinement, self.limits, self.network)
                 self._template = await _Template.start(self._start, timeout, construct_once=self.construct_once)
             return self._template
 

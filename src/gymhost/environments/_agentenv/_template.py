@@ -48,10 +48,10 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..._confinement import Rules, drop_privileges, enter_instance, fork_instance
+from ..._confinement import Limits, Rules, drop_privileges, enter_instance, fork_instance, watch
 from ..._sessions._identity import die_with_parent
 from .._errors import StartupError
-from ._channel import listen_at, serve_instance
+from ._channel import end_for_limit, listen_at, serve_instance
 from ._construct_once import constructed_once
 from ._forking import CONFINE, CONSTRUCT_EACH, PIDFDS, SERVE, SERVER_PID, SPAWNED, TEMPLATE_READY
 from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, host_in_process, load_environment_class, stop_in_process
@@ -76,7 +76,7 @@ def main(argv: list[str]) -> None:
         if rules is not None:
             enter_instance(rules)  # before the thread below, which is the instance's, not the keeper's it leaves
         threading.Thread(target=_exit_at_end_of_stdin, name="parent-watch", daemon=True).start()
-        _serve(_load(bundle), listening)
+        _serve(_load(bundle), listening, rules.limits if rules is not None else None)
     elif PIDFDS in options:
         _die_with_server()
         if rules is not None:
@@ -132,7 +132,7 @@ def _template(bundle: Path, *, construct_once: bool, rules: Rules | None, pidfds
         if pid == 0:
             replies.close()  # the protocol is the template's
             pidfds.close()
-            _forked(environment, listening, template if rules is None else None)
+            _forked(environment, listening, template if rules is None else None, rules)
         listening.close()  # the instance's now
         try:
             _hand_over(pidfds, pid, pidfd)
@@ -167,7 +167,9 @@ def _die_with_server() -> None:
         os._exit(1)
 
 
-def _forked(environment: type[Any] | Constructed, listening: socket.socket, template: int | None) -> None:
+def _forked(
+    environment: type[Any] | Constructed, listening: socket.socket, template: int | None, rules: Rules | None
+) -> None:
     """In the forked child: die with the template (``template`` None: confined, ``fork_instance`` saw to it), leave
     the template's pipes alone, serve until stopped."""
     try:
@@ -177,15 +179,16 @@ def _forked(environment: type[Any] | Constructed, listening: socket.socket, temp
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)  # the template's command pipe is not ours to read
         os.close(devnull)
-        _serve(environment, listening)
+        _serve(environment, listening, rules.limits if rules is not None else None)
     except BaseException as error:  # nothing may return into the template's loop
         print(f"gymhost: environment instance {os.getpid()} stopped: {error!r}", file=sys.stderr, flush=True)
         os._exit(1)
     os._exit(0)
 
 
-def _serve(environment: type[Any] | Constructed, listening: socket.socket) -> None:
-    """Run one instance and answer the server on its channel (``_channel``) until SIGTERM.
+def _serve(environment: type[Any] | Constructed, listening: socket.socket, limits: Limits | None) -> None:
+    """Run one instance and answer the server on its channel (``_channel``) until SIGTERM; one that reaches one of
+    its ``limits`` (confined: ``fork_instance`` set them) says which there, and ends.
 
     The instance is a batch process to the scheduler (``SCHED_BATCH``: same share of the CPU, no preemption on
     wakeup). Each call the server writes to an instance wakes it; as an ordinary process it would take the core from
@@ -196,18 +199,20 @@ def _serve(environment: type[Any] | Constructed, listening: socket.socket) -> No
     try:
         import uvloop
 
-        uvloop.run(_instance(environment, listening))
+        uvloop.run(_instance(environment, listening, limits))
     except ImportError:
-        asyncio.run(_instance(environment, listening))
+        asyncio.run(_instance(environment, listening, limits))
 
 
-async def _instance(environment: type[Any] | Constructed, listening: socket.socket) -> None:
+async def _instance(environment: type[Any] | Constructed, listening: socket.socket, limits: Limits | None) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     # The server times its calls itself (``ChannelClient``); the in-memory transport never waits on a network.
     instance = await host_in_process(environment, 0, NO_NETWORK_TIMEOUT_S)
+    if limits is not None:
+        watch(limits, end_for_limit)
     server = await serve_instance(instance.client, listening)  # the server's describe, queued meanwhile, answered
     await stop.wait()
     server.close()
