@@ -34,7 +34,9 @@ REUSED = "reused"  # strict, with instances reused between episodes
 
 def measure(rounds: int, batch_rounds: int, episodes: int) -> dict[str, Any]:
     out: dict[str, Any] = {"rounds": rounds, "batch_rounds": batch_rounds, "episodes": episodes}
-    with tempfile.TemporaryDirectory(prefix="gymhost-confinement-") as scratch:
+    # Served from outside the temporary folder, as a deployment's folders are: a confined instance binds again into
+    # its own /tmp whatever of the server's lives under it (the bundle, here), a mount more a start.
+    with tempfile.TemporaryDirectory(prefix="gymhost-confinement-", dir=Path(__file__).parent) as scratch:
         folder = run.write_gridsim(Path(scratch) / "gridsim", instances=None, mode="process")
         rows = str(folder / "data" / "eval.jsonl")
         calls: dict[str, list[dict[str, Any]]] = {server: [] for server in (*SANDBOXES, REUSED)}

@@ -167,11 +167,12 @@ async def test_sandbox_off_leaves_the_same_instance_the_servers_reach(tmp_path: 
 # still root, nobody still nobody), in which no further user namespace may be made: what an administrator's
 # user.max_user_namespaces=0 makes of a host.
 NO_USER_NAMESPACES = """
-import os, sys
+import ctypes, os, signal, sys
 ready_r, ready_w = os.pipe()
 mapped_r, mapped_w = os.pipe()
 child = os.fork()
 if child == 0:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the server goes with this wrapper, whatever ends it
     os.unshare(os.CLONE_NEWUSER)
     os.write(ready_w, b"u")
     os.read(mapped_r, 1)
@@ -183,6 +184,8 @@ for name in ("uid_map", "gid_map"):
     with open(f"/proc/{child}/{name}", "w") as mapping:
         mapping.write("0 0 65536")
 os.write(mapped_w, b"m")
+for signum in (signal.SIGTERM, signal.SIGINT):  # what stops this wrapper stops the server, as it would stop it
+    signal.signal(signum, lambda received, _: os.kill(child, received))
 _, status = os.waitpid(child, 0)
 sys.exit(os.waitstatus_to_exitcode(status))
 """

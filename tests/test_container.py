@@ -44,6 +44,7 @@ MANIFEST = REPO / "deploy" / "kubernetes" / "gymhost.yaml"
 FOLDERS_CONTAINERFILE = REPO / "deploy" / "container" / "Containerfile.folders"
 PODMAN = ["podman", "--runtime", "runc"]
 TOKEN = "container-tier-token"
+AUTH = {"authorization": f"Bearer {TOKEN}"}
 WEATHER = "example_single_tool_call"
 GRIDSIM_NAME = GRIDSIM.name  # the written folder's name, its prefix
 
@@ -205,6 +206,11 @@ def test_the_image_the_manifest_names_serves_a_written_folder_and_gyms_behind_on
         assert sorted(server["prefix"] for server in listed["servers"]) == sorted([f"/{GRIDSIM_NAME}", f"/{WEATHER}"])
         working_directory = manifest("Deployment")["spec"]["template"]["spec"]["containers"][0]["workingDir"]
         assert f"read {working_directory}/env.yaml (policy_base_url)" in container.logs()  # the ConfigMap's
+        # As the manifest runs it, a pod's /proc is masked (procMount: Default; podman masks it too): bwrap cannot
+        # mount its own, and auto runs the instances unconfined, saying so (docs/security.md, "In a container").
+        pool = httpx.get(f"{container.url}/{GRIDSIM_NAME}/agentenv/pool", headers=AUTH, timeout=CALL_TIMEOUT_S)
+        assert pool.json()["confinement"] == "none", pool.text
+        assert "hosted code runs unconfined, with the server's reach: " in container.logs(), container.logs()
 
         row, steps = gridsim_play(root)
         script = {"steps": steps, "final": "I am at (1, 1)."}
@@ -221,6 +227,28 @@ def test_the_image_the_manifest_names_serves_a_written_folder_and_gyms_behind_on
         ) as evaluation:
             (trace,) = evaluation.traces()
         assert_scored(trace, 1.0)
+
+
+@pytest.mark.anyio
+async def test_the_image_confines_its_instances_where_the_pod_allows_it(root: Path, tmp_path: Path) -> None:
+    """The manifest's pod otherwise (uid 10001, read-only root, no capabilities, no new privileges), with /proc
+    unmasked (a pod's ``procMount: Unmasked`` beside ``hostUsers: false``; podman's ``unmask=ALL`` here) and
+    ``--sandbox strict``: the image's bwrap confines each instance in namespaces, the pool says so, and an episode
+    plays to its reward."""
+    folder = root / "resources_servers" / GRIDSIM_NAME
+    extra = ("--security-opt", "unmask=ALL", "-v", f"{folder}:/srv/gym:ro", "-e", "GYMHOST_FOLDER=/srv/gym")
+    extra += ("-e", "GYMHOST_SANDBOX=strict")
+    row, steps = gridsim_play(root)
+    with running(image(), tmp_path, extra=extra) as container:
+        pool = httpx.get(f"{container.url}/agentenv/pool", headers=AUTH, timeout=CALL_TIMEOUT_S)
+        assert pool.json()["confinement"] == "namespaces", pool.text
+        assert re.search(r"hosted code confinement: namespaces \(.* as uid 10001\)", container.logs()), container.logs()
+        async with EpisodeClient(container.url, token=TOKEN) as episode:
+            await episode.seed(row)
+            for step in steps:
+                assert (await episode.call_tool(step["name"], step["arguments"])).ok
+            answer = await episode.verify(row, "I am at (1, 1).")
+        assert (answer["reward"], answer["mask_sample"]) == (1.0, False), answer
 
 
 def test_the_image_refuses_to_start_without_a_token_or_on_a_folder_its_user_cannot_read(

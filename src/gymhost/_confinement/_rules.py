@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import functools
 import json
 import os
 import re
@@ -104,6 +105,7 @@ def fork_instance(rules: Rules) -> tuple[int, int]:
     if not rules.network:
         flags |= os.CLONE_NEWNET
     uid, gid = os.getuid(), os.getgid()
+    kept = _mounted_under(_SCRATCH, excluding=rules.hidden)  # read once: this process's mounts do not change
     parent_alive, parent = _parent_pipe()
     pid, pidfd = _clone3(flags)
     if pid != 0:
@@ -113,7 +115,8 @@ def fork_instance(rules: Rules) -> tuple[int, int]:
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if select.select([parent_alive], [], [], 0)[0]:  # the parent died before that took effect
             os._exit(1)
-        _confine(rules, uid, gid)
+        os.close(parent_alive)  # the kernel's signal is set: the pipe has told what it could
+        _confine(rules, uid, gid, kept)
     except BaseException as error:  # nothing may return into the parent's code
         print(f"gymhost: an instance could not confine itself: {error}", file=sys.stderr, flush=True)
         os._exit(1)
@@ -132,8 +135,9 @@ def enter_instance(rules: Rules) -> None:
         _keep(pid)
 
 
-def _confine(rules: Rules, uid: int, gid: int) -> None:
-    """In the new instance: the rest of its confinement, which only it can do."""
+def _confine(rules: Rules, uid: int, gid: int, kept: tuple[str, ...]) -> None:
+    """In the new instance: the rest of its confinement, which only it can do (``kept``: what is mounted under its
+    scratch, to mount again in its own)."""
     # A process that changed its uid (``drop_privileges``) is not dumpable, and its /proc files are root's: writing
     # its own uid map needs them its own for a moment.
     _prctl(_PR_SET_DUMPABLE, 1)
@@ -143,7 +147,7 @@ def _confine(rules: Rules, uid: int, gid: int) -> None:
     if not rules.network:
         _loopback_up()
     _mount("none", "/", "", _MS_REC | _MS_PRIVATE, None)  # nothing mounted here propagates back
-    _fresh_scratch(rules)
+    _fresh_scratch(rules, kept)
     for folder in rules.hidden:
         if os.path.isdir(folder):  # still in sight: not under the scratch
             _mount("tmpfs", folder, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=4096,mode=0")
@@ -202,13 +206,14 @@ def _loopback_up() -> None:
         fcntl.ioctl(any_socket, _SIOCSIFFLAGS, request)
 
 
-def _fresh_scratch(rules: Rules) -> None:
+def _fresh_scratch(rules: Rules, kept: tuple[str, ...]) -> None:
     """A new, empty ``/tmp`` of its own, with what the sandbox bound under the old one (the interpreter, the venv or
     the bundle, when they live in a temporary folder) bound again in it: made aside, then moved into place. Aside
-    is where nothing else is lost: a hidden folder of the server's (the sockets), covered by it meanwhile."""
-    kept = _mounted_under(_SCRATCH, excluding=rules.hidden)
+    is where nothing else is lost: a hidden folder of the server's (the sockets), covered by it meanwhile. With
+    nothing to bind again (a server whose folders are not temporary ones), it is mounted in place at once, which
+    covers whatever of the server's was under the old one."""
     aside = rules.hidden[0] if rules.hidden else None
-    if aside is None:
+    if aside is None or not kept:
         _mount("tmpfs", _SCRATCH, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={rules.scratch_bytes},mode=1777")
         return
     _mount("tmpfs", aside, "tmpfs", _MS_NOSUID | _MS_NODEV, f"size={rules.scratch_bytes},mode=1777")
@@ -219,7 +224,8 @@ def _fresh_scratch(rules: Rules) -> None:
     _mount(aside, _SCRATCH, "", _MS_MOVE, None)
 
 
-def _mounted_under(folder: str, *, excluding: tuple[str, ...]) -> list[str]:
+@functools.cache
+def _mounted_under(folder: str, *, excluding: tuple[str, ...]) -> tuple[str, ...]:
     """The outermost mount points below ``folder`` (``/proc/self/mountinfo``), the ``excluding`` ones aside."""
     points = []
     with open("/proc/self/mountinfo") as mounts:
@@ -230,7 +236,7 @@ def _mounted_under(folder: str, *, excluding: tuple[str, ...]) -> list[str]:
             ):
                 points.append(point)
     outermost = [point for point in points if not any(point.startswith(other + "/") for other in points)]
-    return sorted(set(outermost))
+    return tuple(sorted(set(outermost)))
 
 
 def _unescape(field: str) -> str:

@@ -260,12 +260,13 @@ class Pool:
     def _healthy(self) -> int:
         return sum(instance.healthy and not instance.retired for instance in self.instances)
 
-    def _grow(self) -> None:
-        """Start instances for the seeds waiting that no start already covers, up to the maximum; and keep the
-        minimum up."""
+    def _grow(self, renewing: int = 0) -> None:
+        """Start instances for the seeds waiting that no start already covers, up to the maximum; keep the minimum
+        up; and start ``renewing`` more at once, for instances that served their one episode: the next seed finds
+        the fresh one ready instead of waiting for its start."""
         if self._stopping or not self.launcher.owns_instances:
             return
-        wanted = max(len(self._waiters) - self._starting, self.minimum - self._healthy() - self._starting)
+        wanted = max(len(self._waiters) - self._starting, self.minimum - self._healthy() - self._starting, renewing)
         room = self.maximum - self._healthy() - self._starting
         for _ in range(min(wanted, room)):
             self._starting += 1
@@ -364,7 +365,7 @@ class Pool:
             self._retired_leased.add(instance)
         else:
             self._background(self.launcher.stop(instance, graceful=False), f"gymhost-instance-{instance.index}-stop")
-        self._grow()
+        self._grow(renewing=1 if renewed else 0)
 
     async def _probe_until_back(self, broken: Instance) -> None:
         while not self._stopping:
