@@ -220,3 +220,35 @@ def descendants(pid: int) -> list[int]:
     for child in children(pid):
         found += [child, *descendants(child)]
     return sorted(found)
+
+
+# A user namespace of its own for the server, mapped onto the host's first 65,536 users one to one (the server is
+# still root, nobody still nobody), in which no further user namespace may be made: what an administrator's
+# user.max_user_namespaces=0 makes of a host.
+NO_USER_NAMESPACES = """
+import ctypes, os, signal, sys
+ready_r, ready_w = os.pipe()
+mapped_r, mapped_w = os.pipe()
+child = os.fork()
+if child == 0:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the server goes with this wrapper, whatever ends it
+    os.unshare(os.CLONE_NEWUSER)
+    os.write(ready_w, b"u")
+    os.read(mapped_r, 1)
+    with open("/proc/sys/user/max_user_namespaces", "w") as limit:
+        limit.write("0")
+    os.execv(sys.argv[1], sys.argv[1:])
+os.read(ready_r, 1)
+for name in ("uid_map", "gid_map"):
+    with open(f"/proc/{child}/{name}", "w") as mapping:
+        mapping.write("0 0 65536")
+os.write(mapped_w, b"m")
+for signum in (signal.SIGTERM, signal.SIGINT):  # what stops this wrapper stops the server, as it would stop it
+    signal.signal(signum, lambda received, _: os.kill(child, received))
+_, status = os.waitpid(child, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def without_user_namespaces(command: list[str]) -> list[str]:
+    return [sys.executable, "-c", NO_USER_NAMESPACES, *command]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from gymhost import EpisodeClient
 from gymhost.environments import awrite_folder
 
 from .agentenv_helpers import COUNTER_ENV, make_bundle, pool_status_of, rows
-from .processes import gymhost_command, run_to_completion, serving
+from .processes import gymhost_command, run_to_completion, serving, without_user_namespaces
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -163,38 +162,6 @@ async def test_sandbox_off_leaves_the_same_instance_the_servers_reach(tmp_path: 
     assert reached["parent"] in reached["others"], reached
 
 
-# A user namespace of its own for the server, mapped onto the host's first 65,536 users one to one (the server is
-# still root, nobody still nobody), in which no further user namespace may be made: what an administrator's
-# user.max_user_namespaces=0 makes of a host.
-NO_USER_NAMESPACES = """
-import ctypes, os, signal, sys
-ready_r, ready_w = os.pipe()
-mapped_r, mapped_w = os.pipe()
-child = os.fork()
-if child == 0:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the server goes with this wrapper, whatever ends it
-    os.unshare(os.CLONE_NEWUSER)
-    os.write(ready_w, b"u")
-    os.read(mapped_r, 1)
-    with open("/proc/sys/user/max_user_namespaces", "w") as limit:
-        limit.write("0")
-    os.execv(sys.argv[1], sys.argv[1:])
-os.read(ready_r, 1)
-for name in ("uid_map", "gid_map"):
-    with open(f"/proc/{child}/{name}", "w") as mapping:
-        mapping.write("0 0 65536")
-os.write(mapped_w, b"m")
-for signum in (signal.SIGTERM, signal.SIGINT):  # what stops this wrapper stops the server, as it would stop it
-    signal.signal(signum, lambda received, _: os.kill(child, received))
-_, status = os.waitpid(child, 0)
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-
-
-def without_user_namespaces(command: list[str]) -> list[str]:
-    return [sys.executable, "-c", NO_USER_NAMESPACES, *command]
-
-
 async def test_strict_refuses_to_start_where_instances_cannot_be_confined_and_auto_says_so(tmp_path: Path) -> None:
     bundle = make_bundle(tmp_path / "bundles")
     folder = (await awrite_folder(str(bundle), tmp_path / "root", instances=1, mode="process")).path
@@ -204,12 +171,14 @@ async def test_strict_refuses_to_start_where_instances_cannot_be_confined_and_au
     said = done.stderr.strip().splitlines()[-1]
     assert said.startswith("Error: --sandbox strict: hosted code cannot be confined here: "), said
     assert said.endswith("no more user namespaces may be made here (user.max_user_namespaces)"), said
-    # auto: the same machine serves, unconfined, and the start line says why.
+    # auto: the same machine serves, unconfined but within the instances' limits, and the start line says why.
     auto = without_user_namespaces(gymhost_command("serve", str(folder), "--port", "0"))
     with serving(auto) as server:
+        assert pool_status_of(server.url)["confinement"] == "limits"
         async with EpisodeClient(server.url) as episode:
             await episode.seed(rows(folder)[0])
             assert (await episode.call_tool("increment", {"by": 2})).ok
             assert (await episode.verify(rows(folder)[0]))["reward"] == 1.0
-    assert "hosted code runs unconfined, with the server's reach: " in server.output, server.output
+    said = "hosted code runs unconfined, with the server's reach, within its limits: "
+    assert said in server.output, server.output
     assert "user.max_user_namespaces" in server.output

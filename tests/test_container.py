@@ -207,10 +207,12 @@ def test_the_image_the_manifest_names_serves_a_written_folder_and_gyms_behind_on
         working_directory = manifest("Deployment")["spec"]["template"]["spec"]["containers"][0]["workingDir"]
         assert f"read {working_directory}/env.yaml (policy_base_url)" in container.logs()  # the ConfigMap's
         # As the manifest runs it, a pod's /proc is masked (procMount: Default; podman masks it too): bwrap cannot
-        # mount its own, and auto runs the instances unconfined, saying so (docs/security.md, "In a container").
+        # mount its own, and auto runs the instances unconfined but within their limits, saying so (docs/security.md,
+        # "In a container").
         pool = httpx.get(f"{container.url}/{GRIDSIM_NAME}/agentenv/pool", headers=AUTH, timeout=CALL_TIMEOUT_S)
-        assert pool.json()["confinement"] == "none", pool.text
-        assert "hosted code runs unconfined, with the server's reach: " in container.logs(), container.logs()
+        assert pool.json()["confinement"] == "limits", pool.text
+        said = "hosted code runs unconfined, with the server's reach, within its limits: "
+        assert said in container.logs(), container.logs()
 
         row, steps = gridsim_play(root)
         script = {"steps": steps, "final": "I am at (1, 1)."}

@@ -26,7 +26,15 @@ from gymhost.environments import write_folder
 
 from .agentenv_helpers import COUNTER_ENV, make_bundle, pool_status_of, rows
 from .fault_helpers import wait_for
-from .processes import ServerProcess, alive, assert_stopped_cleanly, descendants, gymhost_command, serving
+from .processes import (
+    ServerProcess,
+    alive,
+    assert_stopped_cleanly,
+    descendants,
+    gymhost_command,
+    serving,
+    without_user_namespaces,
+)
 from .verdicts import verdict
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -141,6 +149,22 @@ async def test_an_instance_past_a_limit_is_stopped_and_its_episode_masked(
         await after.seed(row)
         assert (await after.call_tool("increment", {"by": 2})).ok
         assert (await after.verify(row))["reward"] == 1.0
+
+
+async def test_where_no_namespaces_may_be_made_auto_still_holds_an_instance_to_its_limits(folder: Path) -> None:
+    """``auto`` on a machine that refuses user namespaces runs the instances unconfined (level ``limits``): each is
+    still stopped at its limits, and its episode masked."""
+    serve = gymhost_command("serve", str(folder), "--port", "0", "--instance-memory", "1GiB")
+    row = rows(folder)[0]
+    with serving(without_user_namespaces(serve)) as server:
+        assert pool_status_of(server.url)["confinement"] == "limits"
+        async with EpisodeClient(server.url) as greedy:
+            await greedy.seed(row)
+            answer = await greedy.post("/hog", {"what": "memory", "amount": 3072})
+            assert answer.status_code == 503, answer.text
+            masked = await verdict(greedy, row)
+        assert (masked["mask_sample"], masked["failure_kind"]) == (True, "provider_oom_killed"), masked
+        assert stops(server) == {"memory": 1.0}, stops(server)
 
 
 async def test_nothing_of_one_episode_reaches_the_next(server: ServerProcess, folder: Path) -> None:

@@ -18,8 +18,10 @@ from ._rules import Rules
 
 __all__ = ["DEFAULT_SCRATCH_BYTES", "Confinement", "Level"]
 
-# What a level gives: ``namespaces`` (``_bubblewrap``), ``none`` (``_unconfined``).
-Level = Literal["namespaces", "none"]
+# What a level gives: ``namespaces`` (``_bubblewrap``); ``limits`` (``_unconfined``, where ``auto`` found no
+# namespaces: each instance within its limits, and fresh for each episode, but with the server's reach);
+# ``none`` (``_unconfined``, ``off``: the code trusted).
+Level = Literal["namespaces", "limits", "none"]
 
 # Each instance's scratch (its /tmp and working directory): a tmpfs, so it counts as memory; big enough for a
 # repository checkout or a compiled test binary, small enough that a pool of them fits in a machine's memory.

@@ -1,6 +1,7 @@
 """Which level a server's hosted code runs at: chosen once a process, by trying it.
 
-``auto`` takes namespaces where this machine allows them, else runs the code unconfined and says why; ``strict``
+``auto`` takes namespaces where this machine allows them, else runs the code unconfined, within its limits, and says
+why; ``strict``
 refuses to start without them, naming what is missing; ``off`` trusts the code. Whether namespaces are allowed is
 not a question of the kernel alone (a container's seccomp profile, a masked ``/proc``, Ubuntu's AppArmor rule for
 user namespaces, ``user.max_user_namespaces``), so the answer is found by doing it: a throwaway process is started
@@ -49,7 +50,7 @@ def find_bwrap() -> str | None:
 def confinement(sandbox: Sandbox) -> Confinement:
     """The confinement ``sandbox`` asks for on this machine, tried once a process and said in the log."""
     if sandbox == "off":
-        chosen: Confinement = Unconfined("--sandbox off: hosted code is trusted")
+        chosen: Confinement = Unconfined("--sandbox off: hosted code is trusted", limited=False)
     else:
         problem, namespaces = _try_namespaces()
         if namespaces is not None:
@@ -57,8 +58,8 @@ def confinement(sandbox: Sandbox) -> Confinement:
         elif sandbox == "strict":
             raise ConfinementError(f"--sandbox strict: hosted code cannot be confined here: {problem}")
         else:
-            chosen = Unconfined(f"--sandbox auto found no namespaces: {problem}")
-            logger.warning("hosted code runs unconfined, with the server's reach: %s", problem)
+            chosen = Unconfined(f"--sandbox auto found no namespaces: {problem}", limited=True)
+            logger.warning("hosted code runs unconfined, with the server's reach, within its limits: %s", problem)
             return chosen
     logger.info("hosted code confinement: %s (%s)", chosen.level, chosen.description)
     return chosen

@@ -57,13 +57,15 @@ class Rules:
     """How a process of hosted code confines itself: ``user`` (uid, gid) to become at its start (None: it is not
     root, and stays who it is); each instance's scratch of ``scratch_bytes``; ``hidden``: folders of the server's
     an instance must not see (the instances' sockets); ``network``: False gives each instance a network namespace
-    of its own, with nothing but its loopback; ``limits``: what each instance may take (``_limits``)."""
+    of its own, with nothing but its loopback; ``limits``: what each instance may take (``_limits``);
+    ``namespaces`` False: no namespaces at all (where none may be made), the limits only."""
 
     user: tuple[int, int] | None
     scratch_bytes: int
     hidden: tuple[str, ...] = field(default=())
     network: bool = False
     limits: Limits = field(default_factory=Limits)
+    namespaces: bool = True
 
     def to_argument(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -78,6 +80,7 @@ class Rules:
             hidden=tuple(str(path) for path in given.get("hidden", ())),
             network=bool(given.get("network", False)),
             limits=Limits(**{name: None if n is None else int(n) for name, n in given.get("limits", {}).items()}),
+            namespaces=bool(given.get("namespaces", True)),
         )
 
 
@@ -101,11 +104,13 @@ def fork_instance(rules: Rules) -> tuple[int, int]:
     One ``clone3`` makes the child in user, mount, IPC, network and PID namespaces of its own, the first process of
     its PID namespace (so it can name no process but its own, and whatever it starts goes with it), with a pidfd:
     the price of a fork, where ``unshare`` would need a second fork and a process left waiting."""
-    flags = _CLONE_PIDFD | os.CLONE_NEWUSER | os.CLONE_NEWNS | os.CLONE_NEWIPC | os.CLONE_NEWPID
-    if not rules.network:
+    flags = _CLONE_PIDFD
+    if rules.namespaces:
+        flags |= os.CLONE_NEWUSER | os.CLONE_NEWNS | os.CLONE_NEWIPC | os.CLONE_NEWPID
+    if rules.namespaces and not rules.network:
         flags |= os.CLONE_NEWNET
     uid, gid = os.getuid(), os.getgid()
-    kept = _mounted_under(_SCRATCH, excluding=rules.hidden)  # read once: this process's mounts do not change
+    kept = _mounted_under(_SCRATCH, excluding=rules.hidden) if rules.namespaces else ()  # read once: they do not change
     parent_alive, parent = _parent_pipe()
     pid, pidfd = _clone3(flags)
     if pid != 0:
@@ -116,7 +121,12 @@ def fork_instance(rules: Rules) -> tuple[int, int]:
         if select.select([parent_alive], [], [], 0)[0]:  # the parent died before that took effect
             os._exit(1)
         os.close(parent_alive)  # the kernel's signal is set: the pipe has told what it could
-        _confine(rules, uid, gid, kept)
+        if rules.namespaces:
+            _confine(rules, uid, gid, kept)
+        else:  # the limits only: nothing else may be made here
+            apply_limits(rules.limits)
+            _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+            _prctl(_PR_SET_DUMPABLE, 0)
     except BaseException as error:  # nothing may return into the parent's code
         print(f"gymhost: an instance could not confine itself: {error}", file=sys.stderr, flush=True)
         os._exit(1)

@@ -15,10 +15,12 @@ __all__ = ["Unconfined"]
 
 
 class Unconfined:
-    level: Level = "none"
-
-    def __init__(self, description: str) -> None:
+    def __init__(self, description: str, *, limited: bool) -> None:
+        """``limited``: each instance still takes at most its limits (``auto`` where namespaces are refused), as
+        its own fork sets them (``_rules.fork_instance``); else nothing is asked of it (``off``)."""
         self.description = description
+        self.limited = limited
+        self.level: Level = "limits" if limited else "none"
 
     def command(
         self, argv: Sequence[str], *, readable: Sequence[Path], writable: Sequence[Path], network: bool = False
@@ -29,7 +31,9 @@ class Unconfined:
         return {}
 
     def rules(self, *, hidden: Sequence[Path], limits: Limits, network: bool = False) -> Rules | None:
-        return None  # no limits either: the code is trusted, or nothing here could hold it
+        if not self.limited:
+            return None
+        return Rules(user=None, scratch_bytes=0, hidden=(), network=True, limits=limits, namespaces=False)
 
     def hand_over(self, folder: Path) -> Path:
         return folder  # the server's own user, who may write there already

@@ -217,7 +217,8 @@ class _Start:
             argv += [CONFINE, self.rules.to_argument()]
         # A process the sandbox tool started dies with it, and it with the server; one started directly is told
         # which process to die with (``_template._die_with_server``): the pid means nothing in a namespace.
-        told = {SERVER_PID: str(os.getpid())} if self.rules is None else {}
+        sandboxed = self.rules is not None and self.rules.namespaces
+        told = {} if sandboxed else {SERVER_PID: str(os.getpid())}
         return await asyncio.create_subprocess_exec(
             *self.confinement.command(argv, readable=[self.bundle], writable=[self.sockets], network=self.network),
             stdin=asyncio.subprocess.PIPE,  # closed (or the server dies): the process goes, and the instances too
