@@ -248,8 +248,11 @@ def _quiet_stdout() -> TextIO:
 
 
 def _say(replies: TextIO, line: str) -> None:
-    replies.write(line + "\n")
-    replies.flush()
+    try:
+        replies.write(line + "\n")
+        replies.flush()
+    except BrokenPipeError:  # the server died (its kill is on its way here too): go now, without a traceback
+        os._exit(0)
 
 
 def _exit_at_end_of_stdin() -> None:
