@@ -78,6 +78,14 @@ async def test_metrics_count_what_the_clients_saw(counter_folder: Path) -> None:
         async with EpisodeClient(server.url, token=token) as closed:
             await closed.seed(right)
             assert (await closed.post("/close_session", {})).status_code == 200
+        # Each instance serves one episode: the pool renews them as episodes end, back to both free.
+        deadline = time.monotonic() + STATE_TIMEOUT_S
+        auth = {"authorization": f"Bearer {token}"}
+        while (
+            httpx.get(f"{server.url}/agentenv/pool", headers=auth, timeout=CALL_TIMEOUT_S).json()["free"] != 2
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
         samples = scrape(server.url, token)
     assert [v["reward"] for v in verdicts] == [1.0, 1.0, 1.0, 0.0, 0.0]
     assert value(samples, "gymhost_episodes_ended_total", outcome="rewarded") == 5
@@ -156,7 +164,11 @@ async def test_readiness_follows_the_pool_and_a_drain_lets_open_episodes_finish(
         assert (verdict["reward"], verdict["mask_sample"]) == (1.0, False)
         server.process.wait(15)  # it exits once its last episode ended, long before the drain timeout
     assert "drained: every open episode has ended" in server.output
-    # Exited (a zombie the host's init reaps is an exited process: bwrap's first process ends after bwrap itself).
+    # Exited (a zombie the host's init reaps is an exited process: bwrap's first process ends after bwrap itself),
+    # each as its parent's death reaches it (an instance forked as the server stopped goes a moment after it).
+    deadline = time.monotonic() + STATE_TIMEOUT_S
+    while [pid for pid in processes if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert not [pid for pid in processes if alive(pid)], "no instance outlived the server"
 
 
