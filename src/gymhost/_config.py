@@ -42,6 +42,7 @@ __all__ = [
     "INSTANCE_LIMIT_ENV_VARS",
     "MASKED_VERDICTS",
     "MASKED_VERDICTS_ENV_VAR",
+    "NETWORK_ENV_VAR",
     "NO_TOKEN",
     "PARENT_PID_ENV_VAR",
     "REPLICA_ENV_VAR",
@@ -62,6 +63,7 @@ __all__ = [
     "configured_drain_timeout",
     "configured_folders",
     "configured_instance_limits",
+    "configured_network",
     "configured_replica_id",
     "configured_sandbox",
     "configured_secret",
@@ -90,6 +92,7 @@ DRAIN_TIMEOUT_ENV_VAR: Final = "GYMHOST_DRAIN_TIMEOUT"
 SANDBOX_ENV_VAR: Final = "GYMHOST_SANDBOX"
 # How hosted code runs (``gymhost._confinement``): ``auto`` the strongest confinement this machine allows, ``strict``
 # namespaces or no start, ``off`` none (the code is trusted).
+NETWORK_ENV_VAR: Final = "GYMHOST_NETWORK"  # ``gymhost serve --network``: confined hosted code may reach the network
 Sandbox = Literal["auto", "strict", "off"]
 SANDBOXES: Final[tuple[Sandbox, ...]] = ("auto", "strict", "off")
 DEFAULT_SANDBOX: Final[Sandbox] = "auto"
@@ -199,6 +202,17 @@ def configured_sandbox() -> Sandbox | None:
         if value == sandbox:
             return sandbox
     raise ServeError(f"{SANDBOX_ENV_VAR} is {value!r}; expected one of: {', '.join(SANDBOXES)}")
+
+
+def configured_network() -> bool:
+    """``GYMHOST_NETWORK`` (``gymhost serve --network``): the operator lets confined hosted code reach the network,
+    over what a folder says (a written config's ``source.network``; a Gym server that calls no other server)."""
+    value = os.environ.get(NETWORK_ENV_VAR, "").strip().lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise ServeError(f"{NETWORK_ENV_VAR} is {value!r}; expected 1 or 0")
 
 
 def configured_instance_limits() -> dict[str, int]:
@@ -353,6 +367,9 @@ class ServeConfig:
     replica_id: str | None = None
     advertise_url: str | None = None
     uds: str | None = None  # a Unix socket to listen on instead of host:port
+    # A listening socket this process inherited, by its file descriptor, instead of host:port or uds: a supervisor's
+    # (systemd's; gymhost's own, outside a confined server's sandbox).
+    fd: int | None = None
     host: str = DEFAULT_HOST
     port: int = 8000
     server: ServerName = "uvicorn"

@@ -11,6 +11,7 @@ aggregates them across worker processes.
 
 from __future__ import annotations
 
+import glob
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,6 +25,7 @@ __all__ = [
     "CONTENT_TYPE",
     "HTTP_ACTIVE_REQUESTS",
     "HTTP_REQUEST_DURATION",
+    "METRICS_FOLDER_ENV_VAR",
     "EpisodeMetrics",
     "accept_failed",
     "exported_names",
@@ -31,10 +33,11 @@ __all__ = [
     "listen_overflowed",
     "render",
     "share_metrics",
+    "shared_metrics_folder",
 ]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-_MULTIPROC_ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"
+METRICS_FOLDER_ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's: where processes keep shared values
 ROOT = "/"
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _SLOW = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0)
@@ -216,7 +219,7 @@ def share_metrics(folder: Path) -> None:
     adds them all up (prometheus_client's multiprocess mode): workers, and a gateway's process mounts. Call it
     before any metric has a value."""
     folder.mkdir(parents=True, exist_ok=True)
-    os.environ[_MULTIPROC_ENV_VAR] = str(folder)
+    os.environ[METRICS_FOLDER_ENV_VAR] = str(folder)
     # prometheus_client chose how to keep values when it was imported (importing gymhost imports it); gymhost's
     # metrics all have labels, so none has a value yet, and every one made from now on goes to the folder.
     from prometheus_client import values
@@ -224,14 +227,35 @@ def share_metrics(folder: Path) -> None:
     values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
 
 
+def shared_metrics_folder() -> Path | None:
+    """The folder this process keeps its metrics in with others' (``share_metrics``), if any: a confined process
+    mount is handed a folder inside it (``_serving._confined``)."""
+    folder = os.environ.get(METRICS_FOLDER_ENV_VAR)
+    return Path(folder) if folder else None
+
+
+class _SharedMetrics:
+    """prometheus_client's ``MultiProcessCollector``, over the shared folder and the folders below it: a confined
+    server writes its values in a folder of its own there, the only one its sandbox lets it write."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def collect(self) -> Iterable[Metric]:
+        from prometheus_client import multiprocess
+
+        files = glob.glob(os.path.join(glob.escape(self.folder), "**", "*.db"), recursive=True)
+        merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge(files, accumulate=True)  # type: ignore[no-untyped-call]
+        return merged
+
+
 def render(mount: str | None = None) -> bytes:
     """The exposition text: every series, or (``mount``) one app's and the process's own."""
     registry: Any = REGISTRY
-    if os.environ.get(_MULTIPROC_ENV_VAR):
-        from prometheus_client import multiprocess
-
+    folder = os.environ.get(METRICS_FOLDER_ENV_VAR)
+    if folder:
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        registry.register(_SharedMetrics(folder))
     if mount is not None:
         registry = _OneMount(registry, mount or ROOT)
     output: bytes = generate_latest(registry)

@@ -11,7 +11,7 @@ from ._base import DEFAULT_SCRATCH_BYTES, Confinement, Level
 from ._choice import confinement, find_bwrap
 from ._environment import PASSED, hosted_environment
 from ._limits import LIMIT_KINDS, Limits, Reached, watch
-from ._rules import Rules, drop_privileges, enter_instance, fork_instance
+from ._rules import Rules, drop_privileges, enter_instance, enter_server, fork_instance
 
 __all__ = [
     "DEFAULT_SCRATCH_BYTES",
@@ -25,6 +25,7 @@ __all__ = [
     "confinement",
     "drop_privileges",
     "enter_instance",
+    "enter_server",
     "find_bwrap",
     "fork_instance",
     "hosted_environment",

@@ -36,11 +36,17 @@ class Confinement(Protocol):
     description: str
 
     def command(
-        self, argv: Sequence[str], *, readable: Sequence[Path], writable: Sequence[Path], network: bool = False
+        self,
+        argv: Sequence[str],
+        *,
+        readable: Sequence[Path],
+        writable: Sequence[Path],
+        network: bool = False,
+        workdir: Path | None = None,
     ) -> list[str]:
         """The command that runs ``argv`` as a process of hosted code, which may read ``readable`` (besides the
         interpreter, which it always may) and write ``writable`` (besides its own scratch), and reach the network
-        only if ``network``."""
+        only if ``network``; in ``workdir`` (readable too), else in its scratch."""
         ...
 
     def environment(self) -> dict[str, str]:

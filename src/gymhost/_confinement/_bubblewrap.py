@@ -27,6 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
+from .._config import secret_file
 from ._base import Level
 from ._limits import Limits
 from ._rules import Rules
@@ -49,7 +50,13 @@ class Bubblewrap:
         self.description = f"{version} at {bwrap}, {who}"
 
     def command(
-        self, argv: Sequence[str], *, readable: Sequence[Path], writable: Sequence[Path], network: bool = False
+        self,
+        argv: Sequence[str],
+        *,
+        readable: Sequence[Path],
+        writable: Sequence[Path],
+        network: bool = False,
+        workdir: Path | None = None,
     ) -> list[str]:
         command = [self.bwrap, "--die-with-parent", "--new-session"]
         command += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
@@ -61,8 +68,13 @@ class Bubblewrap:
             command += ["--unshare-user", "--cap-drop", "ALL"]
         command += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         command += ["--perms", "1777", "--size", str(self.scratch_bytes), "--tmpfs", _SCRATCH]
-        command += self._mounts([*_interpreter(), *readable], writable)
-        return [*command, "--chdir", _SCRATCH, "--", *argv]
+        command += self._mounts([*_interpreter(), *readable, *([workdir] if workdir else [])], writable)
+        # Last, over whatever was bound back: the secret gymhost keeps (``_config.secret_file``), which the server's
+        # own user could read (started by a user other than root, the sandbox's user is that user).
+        kept = secret_file()
+        if kept is not None and kept.parent.is_dir():
+            command += ["--tmpfs", str(kept.parent)]
+        return [*command, "--chdir", str(workdir or _SCRATCH), "--", *argv]
 
     def environment(self) -> dict[str, str]:
         # Its home and temporary folder are its scratch: the server's are not its to write, or out of its sight.

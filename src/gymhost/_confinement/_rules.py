@@ -1,7 +1,7 @@
 """What a confined process of hosted code does to itself, inside its sandbox: the part of the confinement that only
 the process can do, because it happens after its start (the sandbox's own tool did the rest before it).
 
-Two steps, each one call:
+Two steps, each one call (a whole server of hosted code takes the first, ``enter_server``):
 
 - ``drop_privileges`` at the process's start, before any hosted code is imported: a server run as root starts the
   sandbox as root (only root can make the server's Python, under a home or a folder no other user may enter,
@@ -40,7 +40,7 @@ from typing import NoReturn
 
 from ._limits import Limits, apply_limits
 
-__all__ = ["Rules", "drop_privileges", "enter_instance", "fork_instance"]
+__all__ = ["Rules", "drop_privileges", "enter_instance", "enter_server", "fork_instance"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
@@ -94,6 +94,16 @@ def drop_privileges(rules: Rules) -> None:
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+
+
+def enter_server(rules: Rules) -> None:
+    """Confine this process as a whole server of hosted code (a Gym server run under ``--sandbox strict``, started in
+    its sandbox by ``_serving._confined``), before the server's code is imported: its user dropped, and, since the
+    children it starts on the model's text run as that same user, not dumpable: none may ``ptrace`` it or read its
+    memory or its environment through ``/proc``, where the signing secret and the token are."""
+    drop_privileges(rules)
+    _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+    _prctl(_PR_SET_DUMPABLE, 0)
 
 
 def fork_instance(rules: Rules) -> tuple[int, int]:

@@ -23,7 +23,13 @@ class Unconfined:
         self.level: Level = "limits" if limited else "none"
 
     def command(
-        self, argv: Sequence[str], *, readable: Sequence[Path], writable: Sequence[Path], network: bool = False
+        self,
+        argv: Sequence[str],
+        *,
+        readable: Sequence[Path],
+        writable: Sequence[Path],
+        network: bool = False,
+        workdir: Path | None = None,
     ) -> list[str]:
         return list(argv)
 

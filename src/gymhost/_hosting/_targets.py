@@ -48,6 +48,15 @@ class Target:
         assert self.root is not None
         return self.root
 
+    def folders(self) -> dict[str, Path]:
+        """Every server folder it serves, by prefix (a single folder's is "")."""
+        if self.folder is not None:
+            return {"": self.folder}
+        if self.mounts is not None:
+            return dict(self.mounts)
+        assert self.root is not None
+        return {f"/{name}": folder for name, folder in server_folders(self.root / _RESOURCES_SERVERS).items()}
+
 
 def installed_servers() -> Path | None:
     """The ``resources_servers`` folder of the installed nemo-gym (found without importing nemo-gym), if any."""

@@ -1,15 +1,15 @@
-"""A gateway's folder served by a gymhost process of its own, in the folder's own venv, under its prefix.
+"""A gateway's folder served by a gymhost process of its own, under its prefix.
 
-A gateway puts its folders in one process, and so in one set of installed packages. A folder whose requirements
-that process does not meet gets a venv of its own (``_venvs``) and a process of its own: ``gymhost serve FOLDER``
-from that venv, on a Unix socket in a private folder, with the prefix as its root path, so its cookies, MCP URLs and
-rollout paths are the prefix's as if it were mounted. ``ProcessMount`` is the app the gateway mounts in its place:
-its lifespan starts the process and waits for it to be ready; each request is forwarded to it (``_forwarding``),
-with the path below the prefix; the gateway's readiness, drain and metrics cover it (it reports its readiness and
-open episodes, it drains when the gateway drains, and its metrics go to the folder the gateway renders from). A
-process that dies is started again (its episodes are lost, and answered so by its successor); it dies with the
-gateway.
-"""
+A gateway puts its folders in one process, and so in one set of installed packages and one confinement. A folder
+whose requirements that process does not meet gets a venv of its own (``_venvs``) and a process of its own; so does
+a Gym server under ``--sandbox strict`` in a gateway that also serves written folders (``_confined``): ``gymhost
+serve FOLDER`` (from that venv), on a Unix socket in a private folder, with the prefix as its root path, so its
+cookies, MCP URLs and rollout paths are the prefix's as if it were mounted. ``ProcessMount`` is the app the gateway
+mounts in its place: its lifespan starts the process and waits for it to be ready; each request is forwarded to it
+(``_forwarding``), with the path below the prefix; the gateway's readiness, drain and metrics cover it (it reports
+its readiness and open episodes, it drains when the gateway drains, and its metrics go to the folder the gateway
+renders from). A process that dies is started again (its episodes are lost, and answered so by its successor); it
+dies with the gateway."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -36,7 +37,7 @@ from .._scratch import remove, scratch_folder
 from .._sessions._forwarding import Forwarded, forward
 from .._sessions._signing import process_secret
 
-__all__ = ["ProcessMount", "apart_in_own_venvs"]
+__all__ = ["ProcessMount", "serving_apart"]
 
 logger = logging.getLogger("gymhost")
 
@@ -60,27 +61,40 @@ class _Status:
         return self.open
 
 
-def apart_in_own_venvs(
+def serving_apart(
     config: ServeConfig, server_urls: Mapping[str, str], masked_verdicts: MaskedVerdicts, *, workers: int = 1
-) -> Callable[[str, Path], Any]:
-    """For ``build_gateway``'s ``apart``: a folder whose requirements this environment does not meet is served by a
-    ``ProcessMount`` from a venv of its own (``gymhost serve ROOT --venv``); the others are built in the gateway.
+) -> Callable[[str, Path], Any] | None:
+    """For ``build_gateway``'s ``apart``, the folders served by a ``ProcessMount`` rather than in the gateway: with
+    ``--venv``, a folder whose requirements this environment does not meet (from a venv of its own); under
+    ``--sandbox strict``, a Gym server's folder (its own process is confined, ``_confined``; the gateway's, which
+    holds written folders, is not). None: every folder is built in the gateway.
 
     Not under ``--workers``: each worker would start a process of its own for the folder, stamping sessions with
     its own identity, which no worker routes by; the episodes of a request reaching the other worker would be lost.
     Refused at start instead."""
+    from .._config import configured_sandbox
+    from .._hosting._folder import load_server_spec
     from .._hosting._venvs import folder_venv, unmet_requirements
+    from ._confined import inside, written
+
+    confine = configured_sandbox() == "strict" and not inside
+    if not (config.venv or confine):
+        return None
 
     def apart(prefix: str, folder: Path) -> ProcessMount | None:
-        if not unmet_requirements(folder):
+        own_venv = config.venv and bool(unmet_requirements(folder))
+        confined = confine and not written(load_server_spec(folder, config_key=config.config_key).block)
+        if not (own_venv or confined):
             return None
         if workers > 1:
+            why = "needs a venv of its own" if own_venv else "is a Gym server, confined under --sandbox strict"
             raise GatewayError(
-                f"{prefix}: {folder.name} needs a venv of its own and so a process of its own, whose sessions "
-                f"--workers {workers} cannot route yet. Serve this Gym root with one worker (and replicas behind a "
-                "load balancer, deploy/), or serve the folder alone: gymhost serve FOLDER --venv --workers N"
+                f"{prefix}: {folder.name} {why}, and so a process of its own, whose sessions --workers {workers} "
+                "cannot route yet. Serve this Gym root with one worker (and replicas behind a load balancer, "
+                "deploy/), or serve the folder alone with --workers N"
             )
-        return ProcessMount(folder, folder_venv(folder), prefix, config, server_urls, masked_verdicts)
+        python = folder_venv(folder) if own_venv else Path(sys.executable)
+        return ProcessMount(folder, python, prefix, config, server_urls, masked_verdicts)
 
     return apart
 

@@ -34,7 +34,15 @@ from ._handoff import HandOffReceiver
 
 logger = logging.getLogger("gymhost")
 
-__all__ = ["bind_socket", "bind_unix_socket", "freeze_imported_heap", "is_loopback", "run_app", "url_of"]
+__all__ = [
+    "bind_socket",
+    "bind_unix_socket",
+    "freeze_imported_heap",
+    "inherited_socket",
+    "is_loopback",
+    "run_app",
+    "url_of",
+]
 
 
 def freeze_imported_heap() -> None:
@@ -81,6 +89,20 @@ def bind_unix_socket(path: str, backlog: int = ServeConfig.backlog) -> socket.so
     except OSError as error:
         sock.close()
         raise ServeError(f"cannot listen on {path}: {error.strerror or error}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def inherited_socket(fd: int) -> socket.socket:
+    """The listening socket this process inherited as ``fd`` (``ServeConfig.fd``)."""
+    try:
+        sock = socket.socket(fileno=fd)
+        listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    except OSError as error:
+        raise ServeError(f"file descriptor {fd}: not a socket this process holds ({error.strerror or error})") from None
+    if not listening:
+        sock.detach()
+        raise ServeError(f"file descriptor {fd}: a socket, but not a listening one")
     sock.set_inheritable(True)
     return sock
 

@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .._config import ServeConfig, secret_settings, take_parent_pid
-from .._exceptions import ServeError
+from .._config import ServeConfig, configured_sandbox, secret_settings, take_parent_pid
+from .._exceptions import ConfinementError, ServeError
 from .._hosting._targets import Target, resolve_targets
 from .._keys import MOUNT
 from .._scratch import remove, remove_orphaned, scratch_folder
@@ -90,6 +90,7 @@ class Server:
         """Serve until SIGTERM or SIGINT (a first one drains, a second stops at once)."""
         from .._sessions._identity import process_state
         from .._sessions._signing import describe_secret
+        from ._confined import confined_server, exit_as, serve_confined
 
         config = self.config
         target = self._resolve()
@@ -97,7 +98,18 @@ class Server:
         if parent is not None:  # another gymhost process started this one (a gateway's process mount): die with it
             process_state.follow_parent(parent)
         remove_orphaned()  # what a server killed before this start left behind
-        self._secret = describe_secret()  # said with the start line; before workers share the secret
+        # Said with the start line; before workers share the secret. A confined server's is its supervisor's.
+        self._secret = self._secret or describe_secret()
+        confined = confined_server(target, config)
+        if confined is not None:  # a Gym server under --sandbox strict: served from a sandbox, this process outside
+            sock = self._listen()
+            try:
+                status = serve_confined(config, sock, confined, self._secret, self.say)
+            finally:
+                sock.close()
+            if status:
+                exit_as(status)
+            return
         with _dying_by_sigterm_after_cleanup():
             shared = self._share(target)
             try:
@@ -107,8 +119,18 @@ class Server:
                     remove(shared)
 
     def _run(self, target: Target, workers_folder: Path | None) -> None:
+        sock = self._listen()
+        try:
+            self._say_limits()
+            self._serve(target, sock, workers_folder)
+        finally:
+            sock.close()
+
+    def _listen(self) -> socket.socket:
+        """The listening socket, where the token allows it: beyond loopback, only with a token or ``--no-token``."""
         config = self.config
-        if config.uds is None and config.app.token is None and not _is_loopback(config.host):
+        inherited = config.fd is not None  # its supervisor checked the address it bound
+        if not inherited and config.uds is None and config.app.token is None and not _is_loopback(config.host):
             if not config.no_token:
                 raise ServeError(
                     f"serving on {config.host} with no token would let anyone who can reach this port seed, play and "
@@ -116,12 +138,7 @@ class Server:
                     "--no-token if something in front keeps everyone else out"
                 )
             self.say(f"serving on {config.host} with no token (--no-token): whatever is in front must guard the port")
-        sock = self._bind()
-        try:
-            self._say_limits()
-            self._serve(target, sock, workers_folder)
-        finally:
-            sock.close()
+        return self._bind()
 
     def load(self) -> Any:
         """The app ``run`` serves, built the same way, for an ASGI server that imports it by name (``gymhost.asgi``):
@@ -129,8 +146,15 @@ class Server:
         identity set, the app built, the folder entered. That server binds, accepts and stops it; what ``run`` adds
         around it (gymhost's accept loop, the drain, workers) is ``gymhost serve``'s alone."""
         from ._accepting import raise_open_files_limit
+        from ._confined import confined_server
 
         target = self._resolve()
+        if confined_server(target, self.config) is not None:
+            raise ConfinementError(
+                f"--sandbox strict: {target.name} is a Gym server, whose own process only gymhost serve confines "
+                "(its sandbox is started around the server, before it is imported): serve it with gymhost serve, "
+                "or with another --sandbox"
+            )
         for line in raise_open_files_limit():
             logger.debug("%s", line)
         return self._build(target, None)
@@ -178,16 +202,18 @@ class Server:
 
         if self.config.workers > 1:
             return prepare_workers()
-        if self.config.venv and target.gateway:
+        if target.gateway and (self.config.venv or configured_sandbox() == "strict"):  # process mounts, maybe
             folder = scratch_folder("metrics")
             share_metrics(folder)
             return folder
         return None
 
     def _bind(self) -> socket.socket:
-        from ._run import bind_socket, bind_unix_socket
+        from ._run import bind_socket, bind_unix_socket, inherited_socket
 
         config = self.config
+        if config.fd is not None:
+            return inherited_socket(config.fd)
         if config.uds is not None:
             return bind_unix_socket(config.uds, config.backlog)
         return bind_socket(config.host, config.port, config.backlog)
@@ -232,7 +258,7 @@ class Server:
         from .._hosting._loading import enter_folder, load_app
         from .._nemo_gym import require_nemo_gym
         from .._sessions._identity import process_state
-        from ._process_mount import apart_in_own_venvs
+        from ._process_mount import serving_apart
 
         config = self.config
         require_nemo_gym()
@@ -242,11 +268,7 @@ class Server:
         overrides: dict[str, Any] = dict(config.overrides)
         if config.name is not None:
             overrides["name"] = config.name
-        apart = (
-            apart_in_own_venvs(config, config.server_urls, config.app.masked_verdicts, workers=config.workers)
-            if config.venv
-            else None
-        )
+        apart = serving_apart(config, config.server_urls, config.app.masked_verdicts, workers=config.workers)
         app = load_app(
             target.served,
             config.app,

@@ -17,6 +17,7 @@ from .._config import (
     INSTANCE_LIMIT_ENV_VARS,
     MASKED_VERDICTS,
     MASKED_VERDICTS_ENV_VAR,
+    NETWORK_ENV_VAR,
     NO_TOKEN,
     REPLICA_ENV_VAR,
     SANDBOX_ENV_VAR,
@@ -176,6 +177,13 @@ __all__ = ["serve"]
 )
 @click.option("--uds", default=None, metavar="PATH", help="Listen on a Unix socket at PATH instead of --host/--port.")
 @click.option(
+    "--fd",
+    default=None,
+    type=click.IntRange(0),
+    help="Serve the listening socket this process inherited as file descriptor FD (a supervisor's, as systemd's "
+    "socket activation) instead of binding one.",
+)
+@click.option(
     "--backlog",
     default=ServeConfig.backlog,
     show_default=True,
@@ -188,9 +196,19 @@ __all__ = ["serve"]
     show_envvar=True,
     type=click.Choice(SANDBOXES),
     default=None,
-    help="How hosted code (a written bundle's process instances) runs. auto (a folder's default): confined in "
-    "namespaces where this machine allows them, else unconfined, said at start; strict: confined or no start; off: "
-    "unconfined, the code trusted. Over what a written folder's config says.  [default: the folder's, else auto]",
+    help="How hosted code runs. auto (a folder's default): a written bundle's process instances confined in "
+    "namespaces where this machine allows them, else within their limits, said at start; strict: confined or no "
+    "start, and a Gym server's own process confined too; off: unconfined, the code trusted. Over what a written "
+    "folder's config says.  [default: the folder's, else auto]",
+)
+@click.option(
+    "--network",
+    envvar=NETWORK_ENV_VAR,
+    show_envvar=True,
+    is_flag=True,
+    default=None,
+    help="Confined hosted code may reach the network (a written bundle's instances; a Gym server under --sandbox "
+    "strict). [default: the folder's: a written config's source.network, a Gym server that calls other servers]",
 )
 @click.option(
     "--instance-memory",
@@ -242,6 +260,8 @@ def serve(paths: tuple[str, ...], only: str | None, **options: Any) -> None:
     sandbox = options.pop("sandbox")
     if sandbox is not None:  # read where each folder's launcher starts, in this process, its workers or its venv
         os.environ[SANDBOX_ENV_VAR] = sandbox
+    if options.pop("network"):  # the same way
+        os.environ[NETWORK_ENV_VAR] = "1"
     for option, field in (("instance_memory", "instance_memory"), ("instance_pids", "instance_pids"),
                           ("instance_cpu", "instance_cpu_s")):  # fmt: skip
         value = options.pop(option)

@@ -21,6 +21,7 @@ from ..._config import (
     DEFAULT_SANDBOX,
     Sandbox,
     configured_instance_limits,
+    configured_network,
     configured_sandbox,
 )
 from ..._confinement import Limits, confinement
@@ -169,7 +170,7 @@ class BundleBackend(_AgentenvBackend[BundleSource]):
             construct_once=source.construct_once,
             confinement=confinement(sandbox),
             limits=source.limits(),
-            network=source.network,
+            network=source.network or configured_network(),
             fresh=source.fresh_instances,
         )
 
