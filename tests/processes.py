@@ -226,7 +226,9 @@ def descendants(pid: int) -> list[int]:
 # still root, nobody still nobody), in which no further user namespace may be made: what an administrator's
 # user.max_user_namespaces=0 makes of a host.
 NO_USER_NAMESPACES = """
-import ctypes, os, signal, sys
+import ctypes, errno, os, signal, sys
+no_landlock = sys.argv[1] == "--no-landlock"
+command = sys.argv[2:] if no_landlock else sys.argv[1:]
 ready_r, ready_w = os.pipe()
 mapped_r, mapped_w = os.pipe()
 child = os.fork()
@@ -237,7 +239,12 @@ if child == 0:
     os.read(mapped_r, 1)
     with open("/proc/sys/user/max_user_namespaces", "w") as limit:
         limit.write("0")
-    os.execv(sys.argv[1], sys.argv[1:])
+    if no_landlock:  # as a kernel before 5.13, or a seccomp profile older than Landlock, answers
+        import pyseccomp
+        refuse = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+        refuse.add_rule(pyseccomp.ERRNO(errno.ENOSYS), "landlock_create_ruleset")
+        refuse.load()
+    os.execv(command[0], command)
 os.read(ready_r, 1)
 for name in ("uid_map", "gid_map"):
     with open(f"/proc/{child}/{name}", "w") as mapping:
@@ -250,5 +257,7 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def without_user_namespaces(command: list[str]) -> list[str]:
-    return [sys.executable, "-c", NO_USER_NAMESPACES, *command]
+def without_user_namespaces(command: list[str], *, landlock: bool = True) -> list[str]:
+    """``command`` where no user namespace may be made (so bubblewrap cannot confine); ``landlock`` False: nor
+    Landlock used (the kernel's answer where it has none)."""
+    return [sys.executable, "-c", NO_USER_NAMESPACES, *([] if landlock else ["--no-landlock"]), *command]

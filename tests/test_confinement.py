@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ REACH_ENV = COUNTER_ENV.replace(
         """Everything this process should not reach, tried."""
         import os
         import socket
+        import tempfile
         import uuid
 
         def attempt(action: Any) -> Any:
@@ -71,7 +73,9 @@ REACH_ENV = COUNTER_ENV.replace(
                 for number in sorted({*range(1, 4096), os.getppid()} - {0, os.getpid()})
                 if attempt(lambda: os.close(os.pidfd_open(number))) == "done"
             ],
-            "scratch": attempt(lambda: write_in("/tmp")),
+            "scratch": attempt(lambda: write_in(tempfile.gettempdir())),
+            "tmp": attempt(lambda: write_in("/tmp")),  # the machine's, where namespaces give it a /tmp of its own
+            "signal parent": attempt(lambda: os.kill(os.getppid(), 0)),  # 0: only asks whether it may
         }
 
     @tool(name="stall")''',
@@ -87,12 +91,15 @@ STARTED_ON_ITS_OWN = "import threading\nthreading.Thread(target=threading.Event(
 HOW = {"forked": "", "started on its own": STARTED_ON_ITS_OWN}
 
 
-async def reach_from_an_instance(tmp_path: Path, *options: str, how: str = "forked") -> tuple[dict[str, Any], str]:
-    """What the ``reach`` tool of a served process instance reports, and the server's output."""
+async def reach_from_an_instance(
+    tmp_path: Path, *options: str, how: str = "forked", wrap: Callable[[list[str]], list[str]] = list
+) -> tuple[dict[str, Any], str]:
+    """What the ``reach`` tool of a served process instance reports, and the server's output; ``wrap``: how the
+    server's command is run (``without_user_namespaces``)."""
     bundle = make_bundle(tmp_path / "bundles")
     (bundle / "env.py").write_text(HOW[how] + REACH_ENV)
     folder = (await awrite_folder(str(bundle), tmp_path / "root", instances=1, mode="process")).path
-    with serving(gymhost_command("serve", str(folder), "--port", "0", *options)) as server:
+    with serving(wrap(gymhost_command("serve", str(folder), "--port", "0", *options))) as server:
         port = int(server.url.rsplit(":", 1)[1])
         async with EpisodeClient(server.url) as episode:
             await episode.seed(rows(folder)[0])
@@ -133,6 +140,30 @@ async def test_a_confined_instance_reaches_nothing_beyond_its_scratch(tmp_path: 
     assert reached["parent"] == 0, reached
     assert reached["others"] == [], reached
     assert reached["scratch"] == "done", reached
+    assert reached["tmp"] == "done", reached  # its own /tmp
+
+
+@pytest.mark.parametrize("how", HOW)
+async def test_without_namespaces_landlock_and_seccomp_keep_an_instance_to_its_scratch(
+    tmp_path: Path, how: str
+) -> None:
+    """Where no namespaces may be made (here: a user namespace where no other may be), ``auto`` restricts each
+    instance with Landlock and seccomp: it writes only its own scratch, reads neither the served folder nor what
+    only root may, reaches no address and signals no process outside itself. It still runs as the server's user
+    and can name the host's processes: what namespaces add (docs/security.md)."""
+    reached, output = await reach_from_an_instance(tmp_path, how=how, wrap=without_user_namespaces)
+    assert "restricted by Landlock and seccomp" in output, output
+    assert (reached["pool says"], reached["metric says"]) == ("landlock", ["landlock"]), reached
+    assert reached["shadow"] == "Permission denied", reached  # not readable by all: not in its sight, even as root
+    assert reached["bundle"] == "Permission denied", reached
+    assert reached["venv"] == "Permission denied", reached
+    assert reached["tasks"] == "Permission denied", reached
+    assert reached["server"] == "Permission denied", reached  # no socket but a Unix one
+    assert reached["outside"] == "Permission denied", reached
+    assert reached["signal parent"] == "Operation not permitted", reached
+    assert reached["tmp"] == "Permission denied", reached  # the machine's /tmp: nothing left there for the next
+    assert reached["scratch"] == "done", reached
+    assert reached["parent"] in reached["others"], reached  # no PID namespace of its own
 
 
 async def test_a_folder_that_asks_for_the_network_gets_it_and_nothing_more(tmp_path: Path) -> None:
@@ -154,7 +185,7 @@ async def test_sandbox_off_leaves_the_same_instance_the_servers_reach(tmp_path: 
     assert "hosted code confinement: none" in output, output
     assert (reached["pool says"], reached["metric says"]) == ("none", ["none"]), reached
     assert os.getuid() != 0 or reached["uid"] == 0, reached
-    for attempt in ("bundle", "venv", "tasks", "scratch"):
+    for attempt in ("bundle", "venv", "tasks", "scratch", "tmp", "signal parent"):
         assert reached[attempt] == "done", (attempt, reached)
     if os.getuid() == 0:
         assert reached["shadow"] == "done", reached
@@ -171,14 +202,19 @@ async def test_strict_refuses_to_start_where_instances_cannot_be_confined_and_au
     said = done.stderr.strip().splitlines()[-1]
     assert said.startswith("Error: --sandbox strict: hosted code cannot be confined here: "), said
     assert said.endswith("no more user namespaces may be made here (user.max_user_namespaces)"), said
-    # auto: the same machine serves, unconfined but within the instances' limits, and the start line says why.
-    auto = without_user_namespaces(gymhost_command("serve", str(folder), "--port", "0"))
-    with serving(auto) as server:
-        assert pool_status_of(server.url)["confinement"] == "limits"
-        async with EpisodeClient(server.url) as episode:
-            await episode.seed(rows(folder)[0])
-            assert (await episode.call_tool("increment", {"by": 2})).ok
-            assert (await episode.verify(rows(folder)[0]))["reward"] == 1.0
-    said = "hosted code runs unconfined, with the server's reach, within its limits: "
-    assert said in server.output, server.output
-    assert "user.max_user_namespaces" in server.output
+    # auto: the same machine serves, its instances restricted by Landlock and seccomp, and the start line says why;
+    # where Landlock is refused too, unconfined but within the instances' limits.
+    for landlock, level, said in (
+        (True, "landlock", "hosted code runs without namespaces, restricted by Landlock and seccomp: "),
+        (False, "limits", "hosted code runs unconfined, with the server's reach, within its limits: "),
+    ):
+        auto = without_user_namespaces(gymhost_command("serve", str(folder), "--port", "0"), landlock=landlock)
+        with serving(auto) as server:
+            assert pool_status_of(server.url)["confinement"] == level
+            async with EpisodeClient(server.url) as episode:
+                await episode.seed(rows(folder)[0])
+                assert (await episode.call_tool("increment", {"by": 2})).ok
+                assert (await episode.verify(rows(folder)[0]))["reward"] == 1.0
+        assert said in server.output, server.output
+        assert "user.max_user_namespaces" in server.output
+    assert "no Landlock in this kernel" in server.output, server.output

@@ -29,18 +29,17 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from gymhost import EpisodeClient
 
 from .agentenv_helpers import GRIDSIM, reach_corner
+from .deployment import confined_deployment, manifest, seccomp_profile
 from .processes import CALL_TIMEOUT_S, free_port
 from .test_verifiers import assert_scored, evaluating
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.container, pytest.mark.usefixtures("clean_env")]
 
 REPO = Path(__file__).resolve().parent.parent
-MANIFEST = REPO / "deploy" / "kubernetes" / "gymhost.yaml"
 FOLDERS_CONTAINERFILE = REPO / "deploy" / "container" / "Containerfile.folders"
 PODMAN = ["podman", "--runtime", "runc"]
 TOKEN = "container-tier-token"
@@ -54,11 +53,6 @@ def image() -> str:
     if not found or subprocess.run([*PODMAN, "image", "exists", found], check=False).returncode != 0:
         pytest.fail("GYMHOST_IMAGE must name the image make image built (make test-container builds it)")
     return found
-
-
-def manifest(kind: str) -> dict[str, Any]:
-    (document,) = [doc for doc in yaml.safe_load_all(MANIFEST.read_text()) if doc and doc["kind"] == kind]
-    return document
 
 
 @dataclass
@@ -86,9 +80,12 @@ def host_limits() -> list[str]:
     return ["--ulimit", f"nofile={hard}:{hard}", "--ulimit", "nproc=4096:4096"]
 
 
-def as_the_deployment_runs_it(work: Path, port: int) -> tuple[list[str], list[str]]:
-    """podman's options and the image's arguments for a pod of the manifest's Deployment, listening on ``port``."""
-    pod = manifest("Deployment")["spec"]["template"]["spec"]
+def as_the_deployment_runs_it(
+    work: Path, port: int, deployment: dict[str, Any] | None = None
+) -> tuple[list[str], list[str]]:
+    """podman's options and the image's arguments for a pod of ``deployment`` (the manifest's), on ``port``."""
+    deployment = deployment if deployment is not None else manifest("Deployment")
+    pod = deployment["spec"]["template"]["spec"]
     (spec,) = pod["containers"]
     options = [
         "--network",
@@ -103,6 +100,11 @@ def as_the_deployment_runs_it(work: Path, port: int) -> tuple[list[str], list[st
         options += ["--cap-drop", "ALL"]
     if not security["allowPrivilegeEscalation"]:
         options += ["--security-opt", "no-new-privileges"]
+    if security.get("procMount") == "Unmasked":
+        options += ["--security-opt", "unmask=ALL"]
+    profile = seccomp_profile(deployment)  # None: RuntimeDefault, podman's own default profile
+    if profile is not None:
+        options += ["--security-opt", f"seccomp={profile}"]
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
     for mount in spec["volumeMounts"]:
         volume = volumes[mount["name"]]
@@ -124,6 +126,9 @@ def as_the_deployment_runs_it(work: Path, port: int) -> tuple[list[str], list[st
     values = {"POD_IP": "127.0.0.1", "GYMHOST_REPLICA_ID": f"gymhost-{port}"}
     values |= {"GYMHOST_SECRET": uuid.uuid4().hex, "GYMHOST_TOKEN": TOKEN}
     for variable in spec["env"]:
+        if "value" in variable:
+            options += ["-e", f"{variable['name']}={variable['value']}"]
+            continue
         assert variable["name"] in values, f"the test does not know how to give {variable['name']}"
         options += ["-e", f"{variable['name']}={values[variable['name']]}"]
     arguments = [re.sub(r"\$\((\w+)\)", lambda found: values[found.group(1)], arg) for arg in spec["args"]]
@@ -133,11 +138,17 @@ def as_the_deployment_runs_it(work: Path, port: int) -> tuple[list[str], list[st
 
 @contextmanager
 def running(
-    image_name: str, work: Path, *, extra: tuple[str, ...] = (), arguments: tuple[str, ...] = ()
+    image_name: str,
+    work: Path,
+    *,
+    extra: tuple[str, ...] = (),
+    arguments: tuple[str, ...] = (),
+    deployment: dict[str, Any] | None = None,
 ) -> Iterator[Container]:
-    """A container of ``image_name``, as the Deployment runs it, ready (its readiness probe answers 200)."""
+    """A container of ``image_name``, as ``deployment`` (the manifest's) runs it, ready (its readiness probe answers
+    200)."""
     port = free_port()
-    options, deployment_arguments = as_the_deployment_runs_it(work, port)
+    options, deployment_arguments = as_the_deployment_runs_it(work, port, deployment)
     name = f"gymhost-test-{uuid.uuid4().hex[:8]}"
     command = [*PODMAN, "run", "-d", "--name", name, *options, *extra, image_name, *arguments, *deployment_arguments]
     subprocess.run(command, check=True, capture_output=True)
@@ -207,11 +218,11 @@ def test_the_image_the_manifest_names_serves_a_written_folder_and_gyms_behind_on
         working_directory = manifest("Deployment")["spec"]["template"]["spec"]["containers"][0]["workingDir"]
         assert f"read {working_directory}/env.yaml (policy_base_url)" in container.logs()  # the ConfigMap's
         # As the manifest runs it, a pod's /proc is masked (procMount: Default; podman masks it too): bwrap cannot
-        # mount its own, and auto runs the instances unconfined but within their limits, saying so (docs/security.md,
-        # "In a container").
+        # mount its own, and auto restricts the instances with Landlock and seccomp instead, saying so
+        # (docs/security.md, "In a container or a pod").
         pool = httpx.get(f"{container.url}/{GRIDSIM_NAME}/agentenv/pool", headers=AUTH, timeout=CALL_TIMEOUT_S)
-        assert pool.json()["confinement"] == "limits", pool.text
-        said = "hosted code runs unconfined, with the server's reach, within its limits: "
+        assert pool.json()["confinement"] == "landlock", pool.text
+        said = "hosted code runs without namespaces, restricted by Landlock and seccomp: "
         assert said in container.logs(), container.logs()
 
         row, steps = gridsim_play(root)
@@ -232,16 +243,15 @@ def test_the_image_the_manifest_names_serves_a_written_folder_and_gyms_behind_on
 
 
 @pytest.mark.anyio
-async def test_the_image_confines_its_instances_where_the_pod_allows_it(root: Path, tmp_path: Path) -> None:
-    """The manifest's pod otherwise (uid 10001, read-only root, no capabilities, no new privileges), with /proc
-    unmasked (a pod's ``procMount: Unmasked`` beside ``hostUsers: false``; podman's ``unmask=ALL`` here) and
-    ``--sandbox strict``: the image's bwrap confines each instance in namespaces, the pool says so, and an episode
-    plays to its reward."""
+async def test_the_image_confines_its_instances_as_the_confined_overlay_runs_it(root: Path, tmp_path: Path) -> None:
+    """deploy/kubernetes/confined's pod (uid 10001, read-only root, no capabilities, no new privileges; /proc
+    unmasked, podman's ``unmask=ALL`` for ``procMount: Unmasked``; the shipped seccomp profile; ``--sandbox
+    strict``): the image's bwrap confines each instance in namespaces, the pool says so, and an episode plays to its
+    reward."""
     folder = root / "resources_servers" / GRIDSIM_NAME
-    extra = ("--security-opt", "unmask=ALL", "-v", f"{folder}:/srv/gym:ro", "-e", "GYMHOST_FOLDER=/srv/gym")
-    extra += ("-e", "GYMHOST_SANDBOX=strict")
+    extra = ("-v", f"{folder}:/srv/gym:ro", "-e", "GYMHOST_FOLDER=/srv/gym")
     row, steps = gridsim_play(root)
-    with running(image(), tmp_path, extra=extra) as container:
+    with running(image(), tmp_path, extra=extra, deployment=confined_deployment()) as container:
         pool = httpx.get(f"{container.url}/agentenv/pool", headers=AUTH, timeout=CALL_TIMEOUT_S)
         assert pool.json()["confinement"] == "namespaces", pool.text
         assert re.search(r"hosted code confinement: namespaces \(.* as uid 10001\)", container.logs()), container.logs()
@@ -305,3 +315,22 @@ async def test_podman_stop_drains_an_open_episode_within_the_grace_period(root: 
                 if stopping.poll() is None:
                     stopping.kill()
         assert container.exit_code() == 0, container.logs()
+
+
+@pytest.mark.anyio
+async def test_the_image_confines_a_gym_servers_own_process_as_the_confined_overlay_runs_it(
+    gym_root: Path, tmp_path: Path
+) -> None:
+    """The same pod serving one of Gym's own servers by name, under ``--sandbox strict``: the server's own process,
+    both workers, runs in bubblewrap's sandbox as the image's user, and an episode plays."""
+    row = json.loads((gym_root / WEATHER / "data" / "example.jsonl").read_text().splitlines()[0])
+    with running(image(), tmp_path, arguments=(WEATHER,), deployment=confined_deployment()) as container:
+        logs = container.logs()
+        said = r"its own code runs confined: bubblewrap .* as uid 10001; its folders read-only, a private /tmp, no net"
+        assert re.search(said, logs), logs
+        assert "2 workers" in logs, logs
+        async with EpisodeClient(container.url, token=TOKEN) as episode:
+            await episode.seed(row)
+            assert (await episode.call_tool("get_weather", {"city": "San Francisco"})).ok
+            verdict = await episode.verify(row, "It is cold.")
+        assert "reward" in verdict, verdict

@@ -151,13 +151,17 @@ async def test_an_instance_past_a_limit_is_stopped_and_its_episode_masked(
         assert (await after.verify(row))["reward"] == 1.0
 
 
-async def test_where_no_namespaces_may_be_made_auto_still_holds_an_instance_to_its_limits(folder: Path) -> None:
-    """``auto`` on a machine that refuses user namespaces runs the instances unconfined (level ``limits``): each is
-    still stopped at its limits, and its episode masked."""
+@pytest.mark.parametrize("landlock", [True, False])
+async def test_where_no_namespaces_may_be_made_auto_still_holds_an_instance_to_its_limits(
+    folder: Path, landlock: bool
+) -> None:
+    """``auto`` on a machine that refuses user namespaces restricts the instances with Landlock (level ``landlock``),
+    or, where that is refused too, runs them unconfined (level ``limits``): each is still stopped at its limits,
+    and its episode masked."""
     serve = gymhost_command("serve", str(folder), "--port", "0", "--instance-memory", "1GiB")
     row = rows(folder)[0]
-    with serving(without_user_namespaces(serve)) as server:
-        assert pool_status_of(server.url)["confinement"] == "limits"
+    with serving(without_user_namespaces(serve, landlock=landlock)) as server:
+        assert pool_status_of(server.url)["confinement"] == ("landlock" if landlock else "limits")
         async with EpisodeClient(server.url) as greedy:
             await greedy.seed(row)
             answer = await greedy.post("/hog", {"what": "memory", "amount": 3072})

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from .deployment import confined_deployment, seccomp_profile
+
 pytestmark = [
     pytest.mark.unit,
     pytest.mark.manifests,
@@ -338,3 +340,26 @@ def test_env_yaml_is_mounted_at_the_working_directory() -> None:
     volumes = {v["name"] for v in pod["volumes"] if v.get("configMap", {}).get("name") == configmap["metadata"]["name"]}
     mounts = [m["mountPath"] for m in container.get("volumeMounts", []) if m["name"] in volumes and "subPath" not in m]
     assert container.get("workingDir") in mounts, f"the ConfigMap is mounted at {mounts}, not at the workingDir"
+
+
+def test_the_confined_overlay_validates_and_asks_for_what_namespaces_need() -> None:
+    """deploy/kubernetes/confined: gymhost.yaml's Deployment in a user namespace of its own, /proc unmasked, the
+    shipped seccomp profile (one that lets bubblewrap make namespaces) and --sandbox strict; the container tier runs
+    the image as it runs it."""
+    deployment = confined_deployment()
+    assert kubernetes_errors(deployment) == []
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["hostUsers"] is False
+    assert _container(deployment)["securityContext"]["procMount"] == "Unmasked"
+    assert {"name": "GYMHOST_SANDBOX", "value": "strict"} in _container(deployment)["env"]
+    profile = seccomp_profile(deployment)
+    assert profile is not None, pod["securityContext"]
+    assert profile.is_file(), profile
+    rules = json.loads(profile.read_text())
+    allowed = {name for rule in rules["syscalls"] if rule["action"] == "SCMP_ACT_ALLOW" for name in rule["names"]}
+    assert {"clone", "clone3", "unshare", "mount", "pivot_root", "umount2"} <= allowed
+    assert rules["defaultAction"] == "SCMP_ACT_ERRNO"
+    # Everything else of the base Deployment stands: the overlay only adds to it.
+    base = _one("Deployment")
+    assert _container(deployment)["args"] == _container(base)["args"]
+    assert pod["securityContext"]["runAsUser"] == base["spec"]["template"]["spec"]["securityContext"]["runAsUser"]

@@ -21,6 +21,7 @@ from gymhost.environments import write_folder
 
 from .agentenv_helpers import GRIDSIM, environment_process, make_bundle, rows
 from .processes import CALL_TIMEOUT_S, ServerProcess, alive, assert_stopped_cleanly, children, gymhost_command, serving
+from .test_folder_errors import make_folder
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.usefixtures("clean_env")]
 
@@ -188,3 +189,20 @@ def test_a_gateways_shared_metrics_folder_goes_when_it_stops(gym_root: Path, tmp
         assert gymhost_folders(temporary) == {"metrics": [server.process.pid]}
     assert_stopped_cleanly(server)
     assert gymhost_folders(temporary) == {}
+
+
+@pytest.mark.parametrize("sandbox", ["off", "strict"])
+def test_a_second_sigterm_while_draining_stops_at_once_without_a_traceback(tmp_path: Path, sandbox: str) -> None:
+    """The drain's own words: "a second signal stops at once". It does, whether the server runs confined or not,
+    and says nothing more than that it stopped: no lifespan traceback for the shutdown it skips."""
+    folder = make_folder(tmp_path)
+    with serving(gymhost_command("serve", str(folder), "--port", "0", "--sandbox", sandbox)) as server:
+        seeded(server, {}).close()  # an open episode: the first signal drains, waiting for it
+        server.process.send_signal(signal.SIGTERM)
+        with httpx.Client(base_url=server.url, timeout=CALL_TIMEOUT_S) as probe:
+            while probe.get("/readyz").status_code == 200:  # the drain has begun
+                time.sleep(0.05)
+        server.process.send_signal(signal.SIGTERM)
+        server.process.wait(CALL_TIMEOUT_S)
+    assert "draining: no new episodes" in server.output, server.output
+    assert_stopped_cleanly(server)

@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import enum
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ __all__ = [
     "SECRET_ENV_VAR",
     "SECRET_SETTINGS",
     "SERVERS",
+    "STARTUP_PATH",
     "TOKEN_ENV_VAR",
     "VENV_DIR_ENV_VAR",
     "AppSettings",
@@ -75,6 +77,11 @@ __all__ = [
     "take_secrets",
     "venv_root",
 ]
+
+# Python's module path as this process began (less its working directory, which ``python -m`` puts first), before
+# gymhost put any served folder on it (``_hosting._entrypoint``): what confined hosted code may read of the
+# server's interpreter (``_confinement``), and never a folder's tasks.
+STARTUP_PATH: Final = tuple(entry for entry in sys.path if entry and entry != os.getcwd())
 
 DEFAULT_HOST: Final = "127.0.0.1"  # loopback: listening beyond it is a choice, made with a token
 DEFAULT_MAX_BODY_BYTES: Final = 32 * 1024 * 1024  # a long multi-turn transcript with images, bounded per request

@@ -93,7 +93,8 @@ _INSTANCES = Gauge(
 )
 _CONFINEMENT = Gauge(
     "gymhost_instance_confinement",
-    "1 for how the environment instances' code is confined: namespaces, none, or elsewhere (someone else runs them).",
+    "1 for how the environment instances' code is confined: namespaces, landlock, limits, none, or elsewhere (someone "
+    "else runs them).",
     ["mount", "level"],
     multiprocess_mode="max",
 )

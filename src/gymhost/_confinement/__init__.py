@@ -1,17 +1,19 @@
 """What a process of hosted code may reach: the code gymhost serves but did not write (a written bundle's
-environment, agent-env's app), which the model acts through.
+environment, agent-env's app, a Gym server under ``--sandbox strict``), which the model acts through.
 
 One interface (``_base.Confinement``), chosen once a process (``confinement``, from ``--sandbox``), with the levels
-as its backends: ``namespaces`` (``_bubblewrap``; each instance then confines itself, ``_rules``) and ``none``
-(``_unconfined``). Whatever the level, the environment of hosted code is an allow-list (``_environment``), and
-gymhost's own secrets are not in the server's (``_config.take_secrets``).
+as its backends: ``namespaces`` (``_bubblewrap``; each instance then confines itself, ``_rules``), ``landlock``
+(``_landlock``, where no namespaces may be made), and ``limits`` and ``none`` (``_unconfined``). Whatever the
+level, the environment of hosted code is an allow-list (``_environment``), and gymhost's own secrets are not in the
+server's (``_config.take_secrets``).
 """
 
 from ._base import DEFAULT_SCRATCH_BYTES, Confinement, Level
 from ._choice import confinement, find_bwrap
 from ._environment import PASSED, hosted_environment
+from ._landlock import scratch_of
 from ._limits import LIMIT_KINDS, Limits, Reached, watch
-from ._rules import Rules, drop_privileges, enter_instance, enter_server, fork_instance
+from ._rules import Rules, drop_privileges, enter_instance, enter_server, enter_template, fork_instance
 
 __all__ = [
     "DEFAULT_SCRATCH_BYTES",
@@ -26,8 +28,10 @@ __all__ = [
     "drop_privileges",
     "enter_instance",
     "enter_server",
+    "enter_template",
     "find_bwrap",
     "fork_instance",
     "hosted_environment",
+    "scratch_of",
     "watch",
 ]

@@ -9,19 +9,24 @@ to hand over the one folder the process writes to (``hand_over``): nothing else 
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Final, Literal, Protocol
 
+from .._config import STARTUP_PATH
 from ._limits import Limits
 from ._rules import Rules
 
-__all__ = ["DEFAULT_SCRATCH_BYTES", "Confinement", "Level"]
+__all__ = ["DEFAULT_SCRATCH_BYTES", "Confinement", "Level", "interpreter_paths"]
 
-# What a level gives: ``namespaces`` (``_bubblewrap``); ``limits`` (``_unconfined``, where ``auto`` found no
-# namespaces: each instance within its limits, and fresh for each episode, but with the server's reach);
+# What a level gives: ``namespaces`` (``_bubblewrap``); ``landlock`` (``_landlock``, where ``auto`` found no
+# namespaces: each instance within its limits, its files and network restricted by Landlock and seccomp);
+# ``limits`` (``_unconfined``, where neither may be had: each instance within its limits, and fresh for each
+# episode, but with the server's reach);
 # ``none`` (``_unconfined``, ``off``: the code trusted).
-Level = Literal["namespaces", "limits", "none"]
+Level = Literal["namespaces", "landlock", "limits", "none"]
 
 # Each instance's scratch (its /tmp and working directory): a tmpfs, so it counts as memory; big enough for a
 # repository checkout or a compiled test binary, small enough that a pool of them fits in a machine's memory.
@@ -53,12 +58,24 @@ class Confinement(Protocol):
         """What such a process's environment holds at this level, beside ``hosted_environment``'s allow-list."""
         ...
 
-    def rules(self, *, hidden: Sequence[Path], limits: Limits, network: bool = False) -> Rules | None:
+    def rules(
+        self, *, hidden: Sequence[Path], limits: Limits, network: bool = False, readable: Sequence[Path] = ()
+    ) -> Rules | None:
         """What the started process does to itself (``_rules``): ``hidden`` covered in each instance, ``limits``
-        on each, the network theirs only if ``network``; None at a level that leaves it alone."""
+        on each, the network theirs only if ``network``, ``readable`` (besides the interpreter) where a level
+        needs telling; None at a level that leaves it alone."""
         ...
 
     def hand_over(self, folder: Path) -> Path:
         """A folder in ``folder`` (the server's, private, removed with it) that the hosted processes may write to,
         and nobody else but the server: their sockets."""
         ...
+
+
+def interpreter_paths() -> list[Path]:
+    """What the server's Python needs to run as it runs here: its prefixes, and every folder on its path as it
+    began (an editable install's source, ``PYTHONPATH``; not a served folder, put on it since)."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)}
+    paths.update(entry for entry in STARTUP_PATH if os.path.isdir(entry))
+    paths.add(os.path.dirname(os.path.realpath(sys.executable)))
+    return [Path(path) for path in sorted(paths)]

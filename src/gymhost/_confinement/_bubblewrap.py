@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import os
 import stat
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
 from .._config import secret_file
-from ._base import Level
+from ._base import Level, interpreter_paths
 from ._limits import Limits
 from ._rules import Rules
 
@@ -68,7 +67,7 @@ class Bubblewrap:
             command += ["--unshare-user", "--cap-drop", "ALL"]
         command += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         command += ["--perms", "1777", "--size", str(self.scratch_bytes), "--tmpfs", _SCRATCH]
-        command += self._mounts([*_interpreter(), *readable, *([workdir] if workdir else [])], writable)
+        command += self._mounts([*interpreter_paths(), *readable, *([workdir] if workdir else [])], writable)
         # Last, over whatever was bound back: the secret gymhost keeps (``_config.secret_file``), which the server's
         # own user could read (started by a user other than root, the sandbox's user is that user).
         kept = secret_file()
@@ -80,7 +79,9 @@ class Bubblewrap:
         # Its home and temporary folder are its scratch: the server's are not its to write, or out of its sight.
         return {"HOME": _SCRATCH, "TMPDIR": _SCRATCH}
 
-    def rules(self, *, hidden: Sequence[Path], limits: Limits, network: bool = False) -> Rules:
+    def rules(
+        self, *, hidden: Sequence[Path], limits: Limits, network: bool = False, readable: Sequence[Path] = ()
+    ) -> Rules:
         limits = replace(limits, file_bytes=self.scratch_bytes)  # no file bigger than the scratch that holds it
         return Rules(self.user, self.scratch_bytes, tuple(str(folder) for folder in hidden), network, limits)
 
@@ -136,15 +137,6 @@ class Bubblewrap:
         if status.st_gid == gid:
             return bool(status.st_mode & stat.S_IXGRP)
         return bool(status.st_mode & stat.S_IXOTH)
-
-
-def _interpreter() -> list[Path]:
-    """What the server's Python needs to run as it runs here: its prefixes, and every folder on its path (an
-    editable install's source, ``PYTHONPATH``)."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, os.path.dirname(sys.executable)}
-    paths.update(entry for entry in sys.path if entry and os.path.isdir(entry))
-    paths.add(os.path.dirname(os.path.realpath(sys.executable)))
-    return [Path(path) for path in sorted(paths)]
 
 
 def _ancestors(path: Path) -> list[Path]:

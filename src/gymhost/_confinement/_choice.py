@@ -1,8 +1,8 @@
 """Which level a server's hosted code runs at: chosen once a process, by trying it.
 
-``auto`` takes namespaces where this machine allows them, else runs the code unconfined, within its limits, and says
-why; ``strict``
-refuses to start without them, naming what is missing; ``off`` trusts the code. Whether namespaces are allowed is
+``auto`` takes namespaces where this machine allows them, else Landlock and seccomp (``_landlock``), else runs the
+code unconfined, within its limits, and says why; ``strict`` refuses to start without namespaces, naming what is
+missing; ``off`` trusts the code. Whether namespaces are allowed is
 not a question of the kernel alone (a container's seccomp profile, a masked ``/proc``, Ubuntu's AppArmor rule for
 user namespaces, ``user.max_user_namespaces``), so the answer is found by doing it: a throwaway process is started
 the way a hosted one is (``_bubblewrap``) and confines itself as an instance would (``_probe``).
@@ -23,6 +23,7 @@ from .._exceptions import ConfinementError
 from ._base import DEFAULT_SCRATCH_BYTES, Confinement
 from ._bubblewrap import Bubblewrap
 from ._environment import hosted_environment
+from ._landlock import Landlock
 from ._limits import Limits
 from ._unconfined import Unconfined
 
@@ -58,11 +59,60 @@ def confinement(sandbox: Sandbox) -> Confinement:
         elif sandbox == "strict":
             raise ConfinementError(f"--sandbox strict: hosted code cannot be confined here: {problem}")
         else:
-            chosen = Unconfined(f"--sandbox auto found no namespaces: {problem}", limited=True)
-            logger.warning("hosted code runs unconfined, with the server's reach, within its limits: %s", problem)
+            without, landlock = _try_landlock(problem)
+            if landlock is not None:
+                logger.warning("hosted code runs without namespaces, restricted by Landlock and seccomp: %s", problem)
+                return landlock
+            chosen = Unconfined(f"--sandbox auto found no namespaces: {problem}; {without}", limited=True)
+            logger.warning(
+                "hosted code runs unconfined, with the server's reach, within its limits: %s; %s", problem, without
+            )
             return chosen
     logger.info("hosted code confinement: %s (%s)", chosen.level, chosen.description)
     return chosen
+
+
+def _try_landlock(problem: str) -> tuple[str, Landlock | None]:
+    """The ``landlock`` level, if an instance confines itself with it here (the same throwaway process, at that
+    level); else why not."""
+    try:
+        import landlockpy
+
+        abi = landlockpy.abi_version()
+    except ImportError:
+        return "no landlockpy", None
+    if abi < 1:
+        return "no Landlock in this kernel", None
+    candidate = Landlock(f"Landlock ABI {abi} and seccomp, without namespaces ({problem})")
+    said = _probe(candidate)
+    return (said, None) if said else ("", candidate)
+
+
+def _probe(candidate: Confinement) -> str:
+    """Why a throwaway process, started and confined as a template and its instance are at ``candidate``'s level,
+    could not be: "" when it could."""
+    folder = Path(tempfile.mkdtemp(prefix="gymhost-confinement-probe-"))  # as an instances' sockets folder is
+    try:
+        handed = candidate.hand_over(folder)
+        rules = candidate.rules(hidden=[handed], limits=Limits())
+        assert rules is not None
+        argv = [sys.executable, "-m", "gymhost._confinement._probe", rules.to_argument()]
+        command = candidate.command(argv, readable=[Path(__file__).parent], writable=[handed])
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            timeout=_PROBE_TIMEOUT_S,
+            env=hosted_environment(**candidate.environment()),
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        return f"could not start a sandbox: {error!r}"
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if done.returncode != 0 or done.stdout.strip() != "confined":
+        said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit status {done.returncode}"]
+        return said[0]
+    return ""
 
 
 def _try_namespaces() -> tuple[str, Bubblewrap | None]:
@@ -74,24 +124,5 @@ def _try_namespaces() -> tuple[str, Bubblewrap | None]:
     except (OSError, subprocess.SubprocessError) as error:
         return f"{bwrap} does not run: {error!r}", None
     candidate = Bubblewrap(bwrap, version or "bubblewrap", scratch_bytes=DEFAULT_SCRATCH_BYTES)
-    folder = Path(tempfile.mkdtemp(prefix="gymhost-confinement-probe-"))  # as an instances' sockets folder is
-    try:
-        handed = candidate.hand_over(folder)
-        rules = candidate.rules(hidden=[handed], limits=Limits())
-        argv = [sys.executable, "-m", "gymhost._confinement._probe", rules.to_argument()]
-        command = candidate.command(argv, readable=[Path(__file__).parent], writable=[handed])
-        done = subprocess.run(
-            command,
-            capture_output=True,
-            text=True,
-            timeout=_PROBE_TIMEOUT_S,
-            env=hosted_environment(**candidate.environment()),
-        )
-    except (OSError, subprocess.SubprocessError) as error:
-        return f"{bwrap} could not start a sandbox: {error!r}", None
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    if done.returncode != 0 or done.stdout.strip() != "confined":
-        said = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit status {done.returncode}"]
-        return f"{bwrap}: {said[0]}", None
-    return "", candidate
+    said = _probe(candidate)
+    return (f"{bwrap}: {said}", None) if said else ("", candidate)

@@ -1,25 +1,27 @@
-"""``python -m gymhost._confinement._probe RULES``, run in a sandbox as a template would be: it drops its privileges,
-then forks a confined instance as a template does (``fork_instance``), which writes to its scratch and still finds
-the interpreter's files; it says ``confined`` when all of that worked (``_choice``)."""
+"""``python -m gymhost._confinement._probe RULES``, run in a sandbox as a template would be: it confines itself as
+one (``enter_template``), then forks a confined instance as a template does (``fork_instance``), which writes to
+its scratch (its working directory) and still finds the interpreter's files; it says ``confined`` when all of that
+worked (``_choice``)."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from ._rules import Rules, drop_privileges, fork_instance
+from ._landlock import scratch_of
+from ._rules import Rules, enter_template, fork_instance
 
 
 def main(argument: str) -> None:
     rules = Rules.from_argument(argument)
-    drop_privileges(rules)
-    try:
-        child, pidfd = fork_instance(rules)  # the instance says itself why, when it cannot confine itself
+    enter_template(rules)
+    try:  # the instance says itself why, when it cannot confine itself
+        child, pidfd = fork_instance(rules, scratch_of(os.path.join(rules.hidden[0], "probe")))
     except OSError as error:
         sys.exit(f"an instance could not be made: {error}")
     if child == 0:
         try:
-            with open("/tmp/scratch", "w") as scratch:  # its own scratch is writable
+            with open("scratch", "w") as scratch:  # its own scratch, its working directory, is writable
                 scratch.write("ok")
             os.listdir(sys.prefix)  # and the interpreter is still in sight (a venv in /tmp is bound again)
         except BaseException as error:

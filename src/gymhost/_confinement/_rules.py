@@ -40,7 +40,7 @@ from typing import NoReturn
 
 from ._limits import Limits, apply_limits
 
-__all__ = ["Rules", "drop_privileges", "enter_instance", "enter_server", "fork_instance"]
+__all__ = ["Rules", "drop_privileges", "enter_instance", "enter_server", "enter_template", "fork_instance"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
@@ -58,7 +58,8 @@ class Rules:
     root, and stays who it is); each instance's scratch of ``scratch_bytes``; ``hidden``: folders of the server's
     an instance must not see (the instances' sockets); ``network``: False gives each instance a network namespace
     of its own, with nothing but its loopback; ``limits``: what each instance may take (``_limits``);
-    ``namespaces`` False: no namespaces at all (where none may be made), the limits only."""
+    ``namespaces`` False: no namespaces at all (where none may be made): the limits, and, with ``landlock``, the
+    restrictions of ``_landlock`` (``readable``: what an instance may read besides the interpreter and the system)."""
 
     user: tuple[int, int] | None
     scratch_bytes: int
@@ -66,6 +67,8 @@ class Rules:
     network: bool = False
     limits: Limits = field(default_factory=Limits)
     namespaces: bool = True
+    readable: tuple[str, ...] = field(default=())
+    landlock: bool = False
 
     def to_argument(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -81,6 +84,8 @@ class Rules:
             network=bool(given.get("network", False)),
             limits=Limits(**{name: None if n is None else int(n) for name, n in given.get("limits", {}).items()}),
             namespaces=bool(given.get("namespaces", True)),
+            readable=tuple(str(path) for path in given.get("readable", ())),
+            landlock=bool(given.get("landlock", False)),
         )
 
 
@@ -96,6 +101,19 @@ def drop_privileges(rules: Rules) -> None:
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
 
 
+def enter_template(rules: Rules) -> None:
+    """Confine a template (or the probe that stands for one) before it imports any hosted code: its user dropped
+    (``drop_privileges``); where no namespaces hold it (``landlock``), restricted as its instances will be, but
+    writing in the instances' folder (their sockets and scratches), where each instance then restricts itself
+    further (Landlock's rules stack)."""
+    drop_privileges(rules)
+    if rules.landlock:
+        from ._landlock import restrict
+
+        _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+        restrict(rules, rules.hidden[0])
+
+
 def enter_server(rules: Rules) -> None:
     """Confine this process as a whole server of hosted code (a Gym server run under ``--sandbox strict``, started in
     its sandbox by ``_serving._confined``), before the server's code is imported: its user dropped, and, since the
@@ -106,10 +124,11 @@ def enter_server(rules: Rules) -> None:
     _prctl(_PR_SET_DUMPABLE, 0)
 
 
-def fork_instance(rules: Rules) -> tuple[int, int]:
+def fork_instance(rules: Rules, scratch: str = "") -> tuple[int, int]:
     """Fork this process into a new instance, confined: ``(pid, pidfd)`` in this process; ``(0, -1)`` in the
     instance, which has confined itself by then (its own namespaces and scratch, the server's folders covered, no
     capabilities, not dumpable) and dies with this process. Raises ``OSError`` when the kernel refuses.
+    ``scratch``: the folder an instance without namespaces of its own makes and keeps its files in (``landlock``).
 
     One ``clone3`` makes the child in user, mount, IPC, network and PID namespaces of its own, the first process of
     its PID namespace (so it can name no process but its own, and whatever it starts goes with it), with a pidfd:
@@ -121,6 +140,9 @@ def fork_instance(rules: Rules) -> tuple[int, int]:
         flags |= os.CLONE_NEWNET
     uid, gid = os.getuid(), os.getgid()
     kept = _mounted_under(_SCRATCH, excluding=rules.hidden) if rules.namespaces else ()  # read once: they do not change
+    if rules.landlock:
+        import landlockpy  # noqa: F401  (imported here, once: pyseccomp's import runs ldconfig to find libseccomp)
+        import pyseccomp  # type: ignore[import-untyped]  # noqa: F401
     parent_alive, parent = _parent_pipe()
     pid, pidfd = _clone3(flags)
     if pid != 0:
@@ -133,9 +155,11 @@ def fork_instance(rules: Rules) -> tuple[int, int]:
         os.close(parent_alive)  # the kernel's signal is set: the pipe has told what it could
         if rules.namespaces:
             _confine(rules, uid, gid, kept)
-        else:  # the limits only: nothing else may be made here
+        else:  # no namespaces may be made here: the limits, and what Landlock and seccomp give
             apply_limits(rules.limits)
             _prctl(_PR_SET_NO_NEW_PRIVS, 1)
+            if rules.landlock:
+                _restrict(rules, scratch)
             _prctl(_PR_SET_DUMPABLE, 0)
     except BaseException as error:  # nothing may return into the parent's code
         print(f"gymhost: an instance could not confine itself: {error}", file=sys.stderr, flush=True)
@@ -143,12 +167,28 @@ def fork_instance(rules: Rules) -> tuple[int, int]:
     return 0, -1
 
 
-def enter_instance(rules: Rules) -> None:
+def _restrict(rules: Rules, scratch: str) -> None:
+    """An instance without namespaces of its own: its scratch made afresh (what a predecessor of the same channel
+    left is gone), its working directory and temporary folder, then ``_landlock``'s restrictions."""
+    import shutil
+    import tempfile
+
+    from ._landlock import restrict
+
+    shutil.rmtree(scratch, ignore_errors=True)
+    os.mkdir(scratch, 0o700)
+    os.chdir(scratch)
+    os.environ.update(TMPDIR=scratch, HOME=scratch)
+    tempfile.tempdir = None  # found again from TMPDIR
+    restrict(rules, scratch)
+
+
+def enter_instance(rules: Rules, scratch: str = "") -> None:
     """Confine this process as one instance (an instance started on its own, not forked from a template): returns
     in the confined instance, a child of this process (``fork_instance``); this process stays behind as its keeper,
     never returning: it passes the server's signals on and exits with the instance's status (``_keep``)."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the keeper waits for its instance
-    pid, pidfd = fork_instance(rules)
+    pid, pidfd = fork_instance(rules, scratch)
     if pid != 0:
         os.close(pidfd)
         _drop_capabilities()

@@ -36,7 +36,9 @@ class Unconfined:
     def environment(self) -> dict[str, str]:
         return {}
 
-    def rules(self, *, hidden: Sequence[Path], limits: Limits, network: bool = False) -> Rules | None:
+    def rules(
+        self, *, hidden: Sequence[Path], limits: Limits, network: bool = False, readable: Sequence[Path] = ()
+    ) -> Rules | None:
         if not self.limited:
             return None
         return Rules(user=None, scratch_bytes=0, hidden=(), network=True, limits=limits, namespaces=False)

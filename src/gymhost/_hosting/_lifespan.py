@@ -15,6 +15,7 @@ tests).
 
 from __future__ import annotations
 
+import asyncio
 import traceback
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -96,7 +97,12 @@ class LifespanRunner:
         if state and "state" in scope:
             scope["state"].update(state)
         await send({"type": "lifespan.startup.complete"})
-        await receive()  # lifespan.shutdown
+        try:
+            await receive()  # lifespan.shutdown
+        except asyncio.CancelledError:
+            # A second SIGTERM or SIGINT: the server stops at once, without the lifespan's shutdown (what it started
+            # dies with the process), and without the traceback uvicorn would log for a cancelled lifespan.
+            return
         try:
             await context.__aexit__(None, None, None)
         except BaseException:

@@ -166,7 +166,7 @@ class Launcher(Protocol):
     # Whether it makes its instances: such a pool grows, shrinks and replaces broken ones; instances someone else
     # runs (URLs) are waited for when they break.
     owns_instances: bool
-    # What confines its instances' code: a level of ``gymhost._confinement`` (namespaces, none), or ELSEWHERE
+    # What confines its instances' code: a level of ``gymhost._confinement`` (namespaces, landlock, ...), or ELSEWHERE
     # (someone else runs them).
     confinement_level: str
 

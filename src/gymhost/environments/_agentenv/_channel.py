@@ -454,4 +454,7 @@ async def serve_instance(client: Any, sock: socket.socket) -> asyncio.Server:
     """Answer the server's calls on ``sock`` (``listen_at``) with ``client``, an in-process instance's
     (``InProcessClient``)."""
     loop = asyncio.get_running_loop()
-    return await loop.create_unix_server(lambda: _Served(client).protocol, sock=sock)
+    # The socket's file is the server's to remove, with its folder: an instance may not (``_landlock``). Python
+    # 3.13's asyncio would remove it as the instance stops.
+    keep: dict[str, Any] = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
+    return await loop.create_unix_server(lambda: _Served(client).protocol, sock=sock, **keep)

@@ -18,13 +18,14 @@ import asyncio
 import contextlib
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
 from pathlib import Path
 
 from ..._config import DEFAULT_SANDBOX, configured_sandbox
-from ..._confinement import Confinement, Limits, Rules, confinement, hosted_environment
+from ..._confinement import Confinement, Limits, Rules, confinement, hosted_environment, scratch_of
 from ..._scratch import remove, scratch_folder
 from .._backend import Instance
 from .._errors import StartupError
@@ -209,7 +210,9 @@ class _Start:
         self.network = network
         self.folder = scratch_folder("instances")
         self.sockets = confinement.hand_over(self.folder)
-        self.rules: Rules | None = confinement.rules(hidden=[self.sockets], limits=limits, network=network)
+        self.rules: Rules | None = confinement.rules(
+            hidden=[self.sockets], limits=limits, network=network, readable=[bundle]
+        )
 
     async def process(self, arguments: list[str], **options: object) -> asyncio.subprocess.Process:
         argv = [sys.executable, *_TEMPLATE, str(self.bundle), *arguments]
@@ -278,6 +281,8 @@ class BundleLauncher:
             if not graceful:
                 instance.process.kill()
             await instance.process.terminate()
+        if self._start is not None:  # its scratch, where one was made beside its channel (``landlock``)
+            shutil.rmtree(scratch_of(str(self._start.sockets / f"{instance.index}.sock")), ignore_errors=True)
 
     async def exited(self, instance: Instance) -> Failure | None:
         assert instance.process is not None

@@ -48,7 +48,16 @@ import threading
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..._confinement import Limits, Rules, drop_privileges, enter_instance, fork_instance, watch
+from ..._confinement import (
+    Limits,
+    Rules,
+    drop_privileges,
+    enter_instance,
+    enter_template,
+    fork_instance,
+    scratch_of,
+    watch,
+)
 from ..._sessions._identity import die_with_parent
 from .._errors import StartupError
 from ._channel import end_for_limit, listen_at, serve_instance
@@ -74,13 +83,13 @@ def main(argv: list[str]) -> None:
             drop_privileges(rules)
         listening = listen_at(options[SERVE])  # before the import: the server's describe waits for it, not the file
         if rules is not None:
-            enter_instance(rules)  # before the thread below, which is the instance's, not the keeper's it leaves
+            enter_instance(rules, scratch_of(options[SERVE]))  # before the thread below: the instance's
         threading.Thread(target=_exit_at_end_of_stdin, name="parent-watch", daemon=True).start()
         _serve(_load(bundle), listening, rules.limits if rules is not None else None)
     elif PIDFDS in options:
         _die_with_server()
         if rules is not None:
-            drop_privileges(rules)
+            enter_template(rules)
         pidfds = socket.socket(fileno=int(options[PIDFDS]))
         _template(bundle, construct_once=CONSTRUCT_EACH not in options, rules=rules, pidfds=pidfds)
     else:
@@ -124,7 +133,7 @@ def _template(bundle: Path, *, construct_once: bool, rules: Rules | None, pidfds
             _say(replies, f"failed {error!r}")
             continue
         try:
-            pid, pidfd = (os.fork(), -1) if rules is None else fork_instance(rules)  # confined as it begins
+            pid, pidfd = (os.fork(), -1) if rules is None else fork_instance(rules, scratch_of(path))  # confined
         except OSError as error:
             listening.close()
             _say(replies, f"failed {error}")

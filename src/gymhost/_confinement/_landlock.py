@@ -1,0 +1,131 @@
+"""The ``landlock`` level: where no namespaces may be made (Docker's and Kubernetes' ``RuntimeDefault`` seccomp
+profile refuses them; a masked ``/proc``), each instance still confines itself where it begins, with what any
+process may do to itself: its limits (``_limits``), then Landlock (the kernel's own sandbox for unprivileged
+processes, through ``landlockpy``) and a seccomp filter (through ``pyseccomp``, over the system's libseccomp), which
+``RuntimeDefault`` allows.
+
+What an instance may then reach: it reads the interpreter, its bundle and the system's folders (``/usr``, ``/etc``
+less what only root may read, ``/proc``, ``/sys``), nothing else of the machine (not the served folder's tasks, not
+another instance's scratch); it writes only its own scratch (a folder in the instances' folder, made for it and
+removed with it; its working directory, ``TMPDIR`` and ``HOME``) and the harmless devices; it connects to no
+address (Landlock's TCP rules, and seccomp refuses every socket but a Unix one, UDP included) unless its folder asks
+for the network; it can signal no process outside its own (Landlock's scope: not its template, not the server) and
+reach no abstract Unix socket; it cannot ``ptrace`` what is outside its domain. What namespaces give and this does
+not: a PID namespace (it sees the host's processes, and their command lines, in ``/proc``), a user of its own when
+the server is root (it keeps root's reading of ``/etc``'s subfolders), a scratch bounded in size.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+from ._base import Level, interpreter_paths
+from ._limits import Limits
+from ._rules import Rules
+
+__all__ = ["SYSTEM_FOLDERS", "Landlock", "restrict", "scratch_of"]
+
+# What any program reads: the system's code, its settings, the kernel's views of itself.
+SYSTEM_FOLDERS: Final = ("/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/proc", "/sys")
+_DEVICES: Final = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
+
+
+class Landlock:
+    level: Level = "landlock"
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+
+    def command(
+        self,
+        argv: Sequence[str],
+        *,
+        readable: Sequence[Path],
+        writable: Sequence[Path],
+        network: bool = False,
+        workdir: Path | None = None,
+    ) -> list[str]:
+        return list(argv)  # each instance confines itself (``restrict``); its template runs as the server does
+
+    def environment(self) -> dict[str, str]:
+        return {}
+
+    def rules(
+        self, *, hidden: Sequence[Path], limits: Limits, network: bool = False, readable: Sequence[Path] = ()
+    ) -> Rules:
+        # The instances' scratches are made in the first folder hidden from them: the instances' own, the server's.
+        return Rules(
+            user=None,
+            scratch_bytes=0,
+            hidden=tuple(str(folder) for folder in hidden),
+            network=network,
+            limits=limits,
+            namespaces=False,
+            # The interpreter as the server sees it: in an instance, the path starts with its template's working
+            # directory, the served folder.
+            readable=tuple(str(folder) for folder in [*interpreter_paths(), *readable]),
+            landlock=True,
+        )
+
+    def hand_over(self, folder: Path) -> Path:
+        return folder  # the server's own user, who may write there already
+
+
+def scratch_of(channel: str) -> str:
+    """An instance's scratch at this level: beside its channel's socket, in the instances' folder (the server
+    removes it with the instance)."""
+    return f"{channel}.scratch"
+
+
+def restrict(rules: Rules, scratch: str) -> None:
+    """In a new instance, after its limits and ``PR_SET_NO_NEW_PRIVS``: Landlock, then the seccomp filter. Raises
+    ``OSError`` where the kernel refuses either (the instance then ends, and says why)."""
+    import landlockpy
+    import pyseccomp  # type: ignore[import-untyped]
+
+    if landlockpy.abi_version() < 1:
+        raise OSError(errno.ENOSYS, "this kernel has no Landlock")
+    scopes = landlockpy.Scope.SIGNAL | landlockpy.Scope.ABSTRACT_UNIX_SOCKET
+    net = (
+        landlockpy.AccessNet.NONE if rules.network else landlockpy.AccessNet.BIND_TCP | landlockpy.AccessNet.CONNECT_TCP
+    )
+    read = landlockpy.AccessFS.READ_FILE | landlockpy.AccessFS.READ_DIR | landlockpy.AccessFS.EXECUTE
+    with landlockpy.Ruleset(handled_net=net, scoped=scopes) as ruleset:
+        for path in _readable(rules):
+            ruleset.allow_path(path, read if os.path.isdir(path) else read & ~landlockpy.AccessFS.READ_DIR)
+        for device in _DEVICES:
+            if os.path.exists(device):
+                ruleset.allow_path(device, landlockpy.AccessFS.READ_FILE | landlockpy.AccessFS.WRITE_FILE)
+        ruleset.allow_path(scratch, ruleset.handled_fs)  # its own scratch: everything
+        ruleset.restrict()
+    if not rules.network:
+        refuse = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+        refuse.add_rule(pyseccomp.ERRNO(errno.EACCES), "socket", pyseccomp.Arg(0, pyseccomp.NE, socket.AF_UNIX))
+        refuse.add_rule(pyseccomp.ERRNO(errno.EACCES), "io_uring_setup")  # its sockets would bypass the rule above
+        refuse.load()
+
+
+def _readable(rules: Rules) -> list[str]:
+    """The system's folders, ``/etc``'s entries that any user may read (not ``/etc/shadow``, whoever the server
+    runs as), and what the rules name (the interpreter, the bundle)."""
+    paths = [folder for folder in SYSTEM_FOLDERS if os.path.exists(folder)]
+    try:
+        entries = os.scandir("/etc")
+    except OSError:
+        entries = None
+    if entries is not None:
+        with entries:
+            for entry in entries:
+                try:
+                    if entry.stat().st_mode & stat.S_IROTH:
+                        paths.append(entry.path)
+                except OSError:
+                    continue
+    paths += [path for path in rules.readable if os.path.exists(path)]
+    return paths
