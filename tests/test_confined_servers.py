@@ -65,6 +65,7 @@ print(json.dumps({
     "server memory": attempt(lambda: open(f"/proc/{os.getppid()}/mem", "rb").close()),  # opened: readable
     "server environment": attempt(lambda: read(f"/proc/{os.getppid()}/environ")),
     "kept secret": attempt(lambda: read(KEPT)),
+    "sandbox's first process": attempt(lambda: read("/proc/1/environ")),
     "server": attempt(lambda: connect("127.0.0.1", PORT)),
     "outside": attempt(lambda: connect(OUTSIDE, 9)),
     "processes": sum(entry.isdigit() for entry in os.listdir("/proc")),
@@ -115,6 +116,7 @@ async def test_a_confined_gym_server_and_the_code_it_runs_reach_nothing_beyond_t
     assert reached["server memory"] == "Permission denied", reached
     assert reached["server environment"] == "Permission denied", reached
     assert reached["kept secret"] == "No such file or directory", reached
+    assert reached["sandbox's first process"] == "Permission denied", reached  # bubblewrap's, root's here
     assert reached["server"] == "Connection refused", reached  # the sandbox's own loopback, where nothing listens
     assert reached["outside"] == "Network is unreachable", reached
     assert reached["processes"] <= 4, reached  # the sandbox's: its first, the server, the code and its shell

@@ -56,6 +56,10 @@ REACH_ENV = COUNTER_ENV.replace(
             with socket.create_connection((host, port), timeout=5):
                 pass
 
+        def connect_unix(path: str) -> None:
+            with socket.socket(socket.AF_UNIX) as unix:
+                unix.connect(path)
+
         bundle = os.path.dirname(os.path.abspath(__file__))
         return {
             "uid": os.getuid(),
@@ -76,6 +80,8 @@ REACH_ENV = COUNTER_ENV.replace(
             "scratch": attempt(lambda: write_in(tempfile.gettempdir())),
             "tmp": attempt(lambda: write_in("/tmp")),  # the machine's, where namespaces give it a /tmp of its own
             "signal parent": attempt(lambda: os.kill(os.getppid(), 0)),  # 0: only asks whether it may
+            # Its own channel, where a landlock instance's scratch sits beside the instances' channels.
+            "channel": attempt(lambda: connect_unix(os.path.join(os.path.dirname(os.getcwd()), "0.sock"))),
         }
 
     @tool(name="stall")''',
@@ -161,6 +167,7 @@ async def test_without_namespaces_landlock_and_seccomp_keep_an_instance_to_its_s
     assert reached["server"] == "Permission denied", reached  # no socket but a Unix one
     assert reached["outside"] == "Permission denied", reached
     assert reached["signal parent"] == "Operation not permitted", reached
+    assert reached["channel"] == "Permission denied", reached  # no connection at all: not a sibling's channel
     assert reached["tmp"] == "Permission denied", reached  # the machine's /tmp: nothing left there for the next
     assert reached["scratch"] == "done", reached
     assert reached["parent"] in reached["others"], reached  # no PID namespace of its own

@@ -69,6 +69,7 @@ __all__ = [
     "configured_replica_id",
     "configured_sandbox",
     "configured_secret",
+    "hand_secrets",
     "resolve_masked_verdicts",
     "resolve_token",
     "secret_file",
@@ -164,6 +165,15 @@ def secret_settings() -> dict[str, str]:
     beside it (itself again from a folder's venv; a gateway's process mount), which takes them at its own start."""
     take_secrets()
     return dict(_taken)
+
+
+def hand_secrets(values: Mapping[str, str]) -> None:
+    """Secret settings given to this process otherwise than in its environment (a pipe from the process that started
+    it: ``_serving._confined``, whose sandbox's first process would show an environment to the code it hosts),
+    kept as if taken from it."""
+    for name in SECRET_SETTINGS:
+        if values.get(name):
+            _taken[name] = values[name]
 
 
 def configured_secret() -> str | None:

@@ -11,9 +11,8 @@ aggregates them across worker processes.
 
 from __future__ import annotations
 
-import glob
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -245,9 +244,24 @@ class _SharedMetrics:
     def collect(self) -> Iterable[Metric]:
         from prometheus_client import multiprocess
 
-        files = glob.glob(os.path.join(glob.escape(self.folder), "**", "*.db"), recursive=True)
+        files = list(_value_files(self.folder, depth=3))
         merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge(files, accumulate=True)  # type: ignore[no-untyped-call]
         return merged
+
+
+def _value_files(folder: str, depth: int) -> Iterator[str]:
+    """The ``*.db`` files in ``folder`` and its folders, ``depth`` deep: regular files only, never through a link
+    (a confined server writes in a folder below; what it plants there is not followed out of it, nor read if it
+    is a pipe)."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False) and depth > 1:
+            yield from _value_files(entry.path, depth - 1)
+        elif entry.name.endswith(".db") and entry.is_file(follow_symlinks=False):
+            yield entry.path
 
 
 def render(mount: str | None = None) -> bytes:

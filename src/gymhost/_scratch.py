@@ -43,9 +43,25 @@ def scratch_folder(kind: Kind) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"gymhost-{kind}-{pid}-{_start_time(pid)}-{_pid_namespace()}-"))
 
 
-def remove(folder: Path) -> None:
-    """A folder's maker is done with it (or a process that outlived its maker found it): gone, whatever it holds."""
+def remove(folder: Path | str) -> None:
+    """A folder's maker is done with it (or a process that outlived its maker found it): gone, whatever it holds,
+    a folder inside it that hosted code made unreadable (``chmod 0``) included."""
     shutil.rmtree(folder, ignore_errors=True)
+    if os.path.lexists(folder):
+        _unlock(str(folder))
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _unlock(folder: str) -> None:
+    """Every folder under ``folder`` (never through a link) readable, writable and enterable by its owner."""
+    try:
+        os.chmod(folder, 0o700)
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            _unlock(entry.path)
 
 
 def remove_orphaned() -> list[Path]:

@@ -23,7 +23,7 @@ from .._exceptions import ConfinementError
 from ._base import DEFAULT_SCRATCH_BYTES, Confinement
 from ._bubblewrap import Bubblewrap
 from ._environment import hosted_environment
-from ._landlock import Landlock
+from ._landlock import Landlock, missing
 from ._limits import Limits
 from ._unconfined import Unconfined
 
@@ -81,9 +81,11 @@ def _try_landlock(problem: str) -> tuple[str, Landlock | None]:
         abi = landlockpy.abi_version()
     except ImportError:
         return "no landlockpy", None
+    except Exception as error:  # refused otherwise than by ENOSYS (a seccomp profile's EPERM)
+        return f"Landlock refused: {error}", None
     if abi < 1:
         return "no Landlock in this kernel", None
-    candidate = Landlock(f"Landlock ABI {abi} and seccomp, without namespaces ({problem})")
+    candidate = Landlock(f"Landlock ABI {abi} and seccomp{missing(abi)}, without namespaces ({problem})")
     said = _probe(candidate)
     return (said, None) if said else ("", candidate)
 
@@ -125,4 +127,7 @@ def _try_namespaces() -> tuple[str, Bubblewrap | None]:
         return f"{bwrap} does not run: {error!r}", None
     candidate = Bubblewrap(bwrap, version or "bubblewrap", scratch_bytes=DEFAULT_SCRATCH_BYTES)
     said = _probe(candidate)
+    if said:  # once more: the level holds for the process's life, and a loaded machine can fail a start by chance
+        logger.info("hosted code confinement: namespaces failed once (%s); trying again", said)
+        said = _probe(candidate)
     return (f"{bwrap}: {said}", None) if said else ("", candidate)

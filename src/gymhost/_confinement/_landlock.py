@@ -9,8 +9,9 @@ less what only root may read, ``/proc``, ``/sys``), nothing else of the machine 
 another instance's scratch); it writes only its own scratch (a folder in the instances' folder, made for it and
 removed with it; its working directory, ``TMPDIR`` and ``HOME``) and the harmless devices; it connects to no
 address (Landlock's TCP rules, and seccomp refuses every socket but a Unix one, UDP included) unless its folder asks
-for the network; it can signal no process outside its own (Landlock's scope: not its template, not the server) and
-reach no abstract Unix socket; it cannot ``ptrace`` what is outside its domain. What namespaces give and this does
+for the network (seccomp refuses ``connect`` itself then: no sibling's channel either); it can signal no process
+outside its own (Landlock's scope, from ABI 6: not its template, not the server); it cannot ``ptrace`` what is
+outside its domain; root keeps its uid, but none of its capabilities. What namespaces give and this does
 not: a PID namespace (it sees the host's processes, and their command lines, in ``/proc``), a user of its own when
 the server is root (it keeps root's reading of ``/etc``'s subfolders), a scratch bounded in size.
 """
@@ -29,7 +30,7 @@ from ._base import Level, interpreter_paths
 from ._limits import Limits
 from ._rules import Rules
 
-__all__ = ["SYSTEM_FOLDERS", "Landlock", "restrict", "scratch_of"]
+__all__ = ["SYSTEM_FOLDERS", "Landlock", "missing", "restrict", "scratch_of"]
 
 # What any program reads: the system's code, its settings, the kernel's views of itself.
 SYSTEM_FOLDERS: Final = ("/usr", "/lib", "/lib32", "/lib64", "/bin", "/sbin", "/proc", "/sys")
@@ -83,6 +84,13 @@ def scratch_of(channel: str) -> str:
     return f"{channel}.scratch"
 
 
+def missing(abi: int) -> str:
+    """What Landlock ``abi`` leaves out of this level, in words for its description ("" for nothing)."""
+    if abi >= 6:
+        return ""
+    return "; below Landlock ABI 6 (Linux 6.12), signals to processes beyond an instance are not refused"
+
+
 def restrict(rules: Rules, scratch: str) -> None:
     """In a new instance, after its limits and ``PR_SET_NO_NEW_PRIVS``: Landlock, then the seccomp filter. Raises
     ``OSError`` where the kernel refuses either (the instance then ends, and says why)."""
@@ -102,13 +110,19 @@ def restrict(rules: Rules, scratch: str) -> None:
         for device in _DEVICES:
             if os.path.exists(device):
                 ruleset.allow_path(device, landlockpy.AccessFS.READ_FILE | landlockpy.AccessFS.WRITE_FILE)
-        ruleset.allow_path(scratch, ruleset.handled_fs)  # its own scratch: everything
+        devices = landlockpy.AccessFS.MAKE_BLOCK | landlockpy.AccessFS.MAKE_CHAR
+        ruleset.allow_path(scratch, ruleset.handled_fs & ~devices)  # its own scratch: everything but device files
         ruleset.restrict()
+    refuse = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
+    # A file truncated by its path, which Landlock covers only from ABI 3 (Linux 6.2): the served folder's.
+    refuse.add_rule(pyseccomp.ERRNO(errno.EACCES), "truncate")
     if not rules.network:
-        refuse = pyseccomp.SyscallFilter(pyseccomp.ALLOW)
         refuse.add_rule(pyseccomp.ERRNO(errno.EACCES), "socket", pyseccomp.Arg(0, pyseccomp.NE, socket.AF_UNIX))
-        refuse.add_rule(pyseccomp.ERRNO(errno.EACCES), "io_uring_setup")  # its sockets would bypass the rule above
-        refuse.load()
+        # No connection at all, a Unix one included: its siblings' channels and abstract sockets, which Landlock
+        # covers only from ABI 9 and 6. An instance serves its channel; it never connects.
+        refuse.add_rule(pyseccomp.ERRNO(errno.EACCES), "connect")
+        refuse.add_rule(pyseccomp.ERRNO(errno.EACCES), "io_uring_setup")  # its sockets would bypass the rules above
+    refuse.load()
 
 
 def _readable(rules: Rules) -> list[str]:

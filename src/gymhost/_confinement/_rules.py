@@ -108,10 +108,15 @@ def enter_template(rules: Rules) -> None:
     further (Landlock's rules stack)."""
     drop_privileges(rules)
     if rules.landlock:
+        import tempfile
+
         from ._landlock import restrict
 
+        os.environ["TMPDIR"] = rules.hidden[0]  # the one folder it writes: what it makes there goes with the server
+        tempfile.tempdir = None
         _prctl(_PR_SET_NO_NEW_PRIVS, 1)
         restrict(rules, rules.hidden[0])
+        _drop_capabilities()
 
 
 def enter_server(rules: Rules) -> None:
@@ -160,6 +165,7 @@ def fork_instance(rules: Rules, scratch: str = "") -> tuple[int, int]:
             _prctl(_PR_SET_NO_NEW_PRIVS, 1)
             if rules.landlock:
                 _restrict(rules, scratch)
+                _drop_capabilities()  # a root server's instance stays root, with none of root's capabilities
             _prctl(_PR_SET_DUMPABLE, 0)
     except BaseException as error:  # nothing may return into the parent's code
         print(f"gymhost: an instance could not confine itself: {error}", file=sys.stderr, flush=True)
@@ -170,12 +176,12 @@ def fork_instance(rules: Rules, scratch: str = "") -> tuple[int, int]:
 def _restrict(rules: Rules, scratch: str) -> None:
     """An instance without namespaces of its own: its scratch made afresh (what a predecessor of the same channel
     left is gone), its working directory and temporary folder, then ``_landlock``'s restrictions."""
-    import shutil
     import tempfile
 
+    from .._scratch import remove
     from ._landlock import restrict
 
-    shutil.rmtree(scratch, ignore_errors=True)
+    remove(scratch)
     os.mkdir(scratch, 0o700)
     os.chdir(scratch)
     os.environ.update(TMPDIR=scratch, HOME=scratch)

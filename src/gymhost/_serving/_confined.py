@@ -13,23 +13,23 @@ instances from inside a sandbox (the kernel refuses it a ``/proc``).
 
 Two processes, because bubblewrap passes no signal on to what it runs: the one ``gymhost serve`` started as stays
 outside as the supervisor. It binds the socket (a busy port is still one line), starts the sandbox with the socket,
-the config and its secret handed in (``python -m gymhost._serving._confined``: a pipe, read once), passes SIGTERM
+the config and its secrets handed in (``python -m gymhost._serving._confined``: a pipe, read once), passes SIGTERM
 and SIGINT on to the server inside (a drain, as unconfined), and exits as it exits. The sandbox dies with it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import pickle
-import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -38,6 +38,7 @@ from .._config import SECRET_ENV_VAR, ServeConfig, configured_network, configure
 from .._hosting._folder import find_env_yaml, load_server_spec, referenced_servers
 from .._hosting._targets import Target
 from .._metrics import METRICS_FOLDER_ENV_VAR, shared_metrics_folder
+from .._scratch import remove
 
 __all__ = ["ConfinedServer", "confined_server", "exit_as", "inside", "serve_confined"]
 
@@ -98,8 +99,10 @@ def serve_confined(
     chosen = confinement("strict")
     rules = chosen.rules(hidden=(), limits=Limits(), network=confined.network)
     readable = [*confined.folders, *{found for f in confined.folders if (found := find_env_yaml(f)) is not None}]
-    # The secret travels as for a venv's exec: in the environment, taken out of it at the server's start.
-    environment = {**os.environ, **secret_settings(), SECRET_ENV_VAR: process_secret(), **chosen.environment()}
+    # The secrets travel in the pipe, with the config: an environment would stay in the sandbox's first process,
+    # readable by the code the server runs where bubblewrap makes a user namespace (a server that is not root).
+    secrets = {**secret_settings(), SECRET_ENV_VAR: process_secret()}
+    environment = {**os.environ, **chosen.environment()}  # os.environ holds no secret: taken at start
     shared = shared_metrics_folder()  # a gateway's, for its process mount: a folder of its own there, and no more
     made = Path(tempfile.mkdtemp(prefix="confined-", dir=shared)) if shared is not None else None
     own = chosen.hand_over(made) if made is not None else None
@@ -115,87 +118,128 @@ def serve_confined(
     )
     network = f"the network ({confined.why_network})" if confined.network else "no network"
     say(f"its own code runs confined: {chosen.description}; its folders read-only, a private /tmp, {network}")
+    supervisor = _Supervisor()
     try:
-        process = subprocess.Popen(
-            command,
-            pass_fds=(sock.fileno(), read),
-            env=environment,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
-        os.close(read)
-        with os.fdopen(write, "wb") as pipe:
-            pickle.dump((replace(config, fd=sock.fileno()), rules, secret_line), pipe)
-        return _supervise(process)
+        with supervisor.passing_signals():  # from before the sandbox starts: a SIGTERM meanwhile is not lost
+            supervisor.start(
+                command,
+                pass_fds=(sock.fileno(), read),
+                env=environment,
+                start_new_session=True,
+                preexec_fn=functools.partial(_die_with, os.getpid()),
+            )
+            os.close(read)
+            with os.fdopen(write, "wb") as pipe:
+                pickle.dump((replace(config, fd=sock.fileno()), rules, secret_line, secrets), pipe)
+            return supervisor.wait()
     finally:
         if made is not None:  # its values, whose process is gone, leave the gateway's sums with it
-            shutil.rmtree(made, ignore_errors=True)
+            remove(made)
 
 
-def _die_with_parent() -> None:
+def _die_with(supervisor: int) -> None:
     """In the sandbox's first process, before bubblewrap runs: SIGKILL when the supervisor dies, however it dies;
     bubblewrap's own ``--die-with-parent`` takes the sandbox with it."""
     from .._sessions._identity import die_with_parent
 
-    if not die_with_parent(signal.SIGKILL, os.getppid()):
+    if not die_with_parent(signal.SIGKILL, supervisor):
         os._exit(1)
 
 
-def _supervise(process: subprocess.Popen[bytes]) -> int:
-    """Wait for the sandbox, passing each SIGTERM and SIGINT on to the server inside it (the sandbox has a session
+class _Supervisor:
+    """The sandbox's process, and SIGTERM and SIGINT passed on to the server inside it (the sandbox has a session
     of its own: a terminal's Ctrl-C reaches only this process)."""
 
-    def pass_on(signum: int, frame: Any) -> None:
-        server = _server_in(process.pid)
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[bytes] | None = None
+        self.pending: int | None = None  # a signal that came before the sandbox did
+
+    @contextlib.contextmanager
+    def passing_signals(self) -> Iterator[None]:
+        previous = {signum: signal.signal(signum, self._pass_on) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def start(self, command: list[str], **options: Any) -> None:
+        self.process = subprocess.Popen(command, **options)
+
+    def wait(self) -> int:
+        assert self.process is not None
+        if self.pending is not None:  # stopped before it began: nothing to drain
+            self.process.kill()
+        return self.process.wait()
+
+    def _pass_on(self, signum: int, frame: Any) -> None:
+        if self.process is None:
+            self.pending = signum
+            return
+        server = _server_in(self.process.pid)
         if server is None:  # not started yet, or gone: nothing to drain
-            process.kill()
+            self.process.kill()
             return
         with contextlib.suppress(ProcessLookupError):
             os.kill(server, signum)
-
-    previous = {signum: signal.signal(signum, pass_on) for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return process.wait()
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _server_in(sandbox: int) -> int | None:
     """The server's process: the child of the sandbox's first process in its PID namespace (bubblewrap's init),
     itself bubblewrap's child."""
     for _level in range(2):
-        try:
-            with open(f"/proc/{sandbox}/task/{sandbox}/children") as children:
-                found = children.read().split()
-        except OSError:
-            return None
+        found = _children(sandbox)
         if not found:
             return None
-        sandbox = int(found[0])
+        sandbox = found[0]
     return sandbox
+
+
+def _children(pid: int) -> list[int]:
+    """``pid``'s children: the kernel's list of them where it keeps one (``CONFIG_PROC_CHILDREN``), else every
+    process whose parent it is."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            return [int(child) for child in children.read().split()]
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
 
 
 def exit_as(status: int) -> NoReturn:
     """End this process as the server in the sandbox ended: by the same signal (its exit status says so to whoever
-    waits on it), else with its status."""
-    if status > 128 and status - 128 in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(status - 128, signal.SIG_DFL)
-        signal.raise_signal(status - 128)
-    raise SystemExit(status)
+    waits on it; bubblewrap's status is 128 + N for a server that died by signal N, and -N is bubblewrap killed),
+    else with its status."""
+    signum = -status if status < 0 else status - 128 if status > 128 else 0
+    if signum:
+        signal.signal(signum, signal.SIG_DFL)
+        signal.raise_signal(signum)
+    raise SystemExit(status if status > 0 else 1)
 
 
 def main(argv: Sequence[str]) -> None:
     """Inside the sandbox: confine this process, then serve."""
     global inside
-    from .._config import take_secrets
+    from .._config import hand_secrets, take_secrets
     from .._confinement import enter_server
     from ._server import Server
 
     with os.fdopen(int(argv[0]), "rb") as pipe:
-        config, rules, secret_line = pickle.load(pipe)
+        config, rules, secret_line, secrets = pickle.load(pipe)
     enter_server(rules)
-    take_secrets()  # the secret, handed in the environment: gone from it before any server code is imported
+    take_secrets()  # none in the environment: read once, as every gymhost process does
+    hand_secrets(secrets)
     inside = True
     server = Server(config)
     server._secret = secret_line  # the supervisor's words: where the secret is kept is out of sight in here

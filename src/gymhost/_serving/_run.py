@@ -103,7 +103,7 @@ def inherited_socket(fd: int) -> socket.socket:
     if not listening:
         sock.detach()
         raise ServeError(f"file descriptor {fd}: a socket, but not a listening one")
-    sock.set_inheritable(True)
+    sock.set_inheritable(False)  # the server's: not for the processes its code starts (forks keep it regardless)
     return sock
 
 

@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import os
 import select
-import shutil
 import signal
 import socket
 import sys
@@ -282,7 +281,9 @@ class BundleLauncher:
                 instance.process.kill()
             await instance.process.terminate()
         if self._start is not None:  # its scratch, where one was made beside its channel (``landlock``)
-            shutil.rmtree(scratch_of(str(self._start.sockets / f"{instance.index}.sock")), ignore_errors=True)
+            scratch = scratch_of(str(self._start.sockets / f"{instance.index}.sock"))
+            if os.path.lexists(scratch):
+                await asyncio.to_thread(remove, scratch)
 
     async def exited(self, instance: Instance) -> Failure | None:
         assert instance.process is not None
