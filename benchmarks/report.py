@@ -16,6 +16,7 @@ LAYERS_START, LAYERS_END = "<!-- layers:start -->", "<!-- layers:end -->"  # and
 PROCESS_START, PROCESS_END = "<!-- process-mode:start -->", "<!-- process-mode:end -->"  # and process_mode.py
 PROFILE_START, PROFILE_END = "<!-- request-profile:start -->", "<!-- request-profile:end -->"  # request_profile.py
 CONFINEMENT_START, CONFINEMENT_END = "<!-- confinement:start -->", "<!-- confinement:end -->"  # and confinement.py
+CONFINED_SERVER_START, CONFINED_SERVER_END = "<!-- confined-server:start -->", "<!-- confined-server:end -->"
 HYPERCORN_NAMES = {
     "gymhost_hypercorn": "`gymhost serve --server hypercorn` (asyncio's loop)",
     "hypercorn_asyncio": "`hypercorn gymhost.asgi:app -k asyncio`",
@@ -501,6 +502,35 @@ def confinement_tables(out: dict[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
+def confined_server_tables(out: dict[str, Any], source: str) -> str:
+    """A Gym server's own process confined (``--sandbox strict``) beside unconfined (``off``): issue 43, item 4."""
+    strict, off, rps, start = out["strict"], out["off"], out["rps_ratio"], out["start_ratio"]
+    met = "met" if rps["median"] >= 0.9 else "missed"
+
+    def rounds(ratios: dict[str, Any]) -> str:
+        return ", ".join(f"{r:g}" for r in ratios["rounds"])
+
+    return "\n".join(
+        [
+            f"Gym's example_single_tool_call served each way, both started afresh in each of {out['rounds']}"
+            f" interleaved rounds (raw numbers: [{source}]({source})); wrk at 64 connections for {out['seconds']} s"
+            f" on one episode's `get_weather`. Tool calls/s >= 0.9x unconfined: {met} ({rps['median']:g}, rounds"
+            f" {rounds(rps)}).",
+            "",
+            "| | confined (`--sandbox strict`) | unconfined (`--sandbox off`) | ratio |",
+            "|---|---|---|---|",
+            f"| tool calls/s | {strict['rps']:,.0f} | {off['rps']:,.0f} | {rps['median']:g} (rounds {rounds(rps)}) |",
+            f"| tool call p99 | {strict['p99_ms']:g} ms | {off['p99_ms']:g} ms | |",
+            f"| start to ready | {strict['start_ms']:,.0f} ms | {off['start_ms']:,.0f} ms | {start['median']:g}"
+            f" (rounds {rounds(start)}) |",
+            f"| resident memory, every process, ready | {strict['ready_mb']:g} MB | {off['ready_mb']:g} MB |"
+            f" +{out['memory_added_mb']:g} MB |",
+            f"| resident memory, after the calls | {strict['after_calls_mb']:g} MB | {off['after_calls_mb']:g} MB | |",
+            f"| errors | {strict['errors']} | {off['errors']} | |",
+        ]
+    )
+
+
 def cold_start_tables(out: dict[str, Any], source: str) -> str:
     """A cold batch and one start, instances constructed once in the template beside each constructing its own."""
     each, once = out["construct_each"], out["construct_once"]
@@ -662,6 +692,9 @@ def update_readme(results: dict[str, Any], readme: Path, source: str) -> None:
         text = _replace(text, PROFILE_START, PROFILE_END, request_profile_tables(results["request_profile"], source))
     if "confinement" in results:
         text = _replace(text, CONFINEMENT_START, CONFINEMENT_END, confinement_tables(results["confinement"], source))
+    if "confined_server" in results:
+        block = confined_server_tables(results["confined_server"], source)
+        text = _replace(text, CONFINED_SERVER_START, CONFINED_SERVER_END, block)
     readme.write_text(text)
 
 

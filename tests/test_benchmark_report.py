@@ -61,6 +61,7 @@ SECTION_BLOCKS = {
     "layers": (report.LAYERS_START, report.LAYERS_END, report.layers_tables),
     "process_mode": (report.PROCESS_START, report.PROCESS_END, report.process_mode_tables),
     "request_profile": (report.PROFILE_START, report.PROFILE_END, report.request_profile_tables),
+    "confined_server": (report.CONFINED_SERVER_START, report.CONFINED_SERVER_END, report.confined_server_tables),
 }
 
 
