@@ -2,10 +2,10 @@
 
 ``auto`` takes namespaces where this machine allows them, else Landlock and seccomp (``_landlock``), else runs the
 code unconfined, within its limits, and says why; ``strict`` refuses to start without namespaces, naming what is
-missing; ``off`` trusts the code. Whether namespaces are allowed is
-not a question of the kernel alone (a container's seccomp profile, a masked ``/proc``, Ubuntu's AppArmor rule for
-user namespaces, ``user.max_user_namespaces``), so the answer is found by doing it: a throwaway process is started
-the way a hosted one is (``_bubblewrap``) and confines itself as an instance would (``_probe``).
+missing; ``off`` trusts the code. Whether namespaces are allowed is not a question of the kernel alone (a
+container's seccomp profile, a masked ``/proc``, Ubuntu's AppArmor rule for user namespaces,
+``user.max_user_namespaces``), so the answer is found by doing it: a throwaway process is started the way a hosted
+one is (``_bubblewrap``) and confines itself as an instance would (``_probe``).
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ processes, through ``landlockpy``) and a seccomp filter (through ``pyseccomp``, 
 What an instance may then reach: it reads the interpreter, its bundle and the system's folders (``/usr``, ``/etc``
 less what only root may read, ``/proc``, ``/sys``), nothing else of the machine (not the served folder's tasks, not
 another instance's scratch); it writes only its own scratch (a folder in the instances' folder, made for it and
-removed with it; its working directory, ``TMPDIR`` and ``HOME``) and the harmless devices; it connects to no
-address (Landlock's TCP rules, and seccomp refuses every socket but a Unix one, UDP included) unless its folder asks
-for the network (seccomp refuses ``connect`` itself then: no sibling's channel either); it can signal no process
+removed with it; its working directory, ``TMPDIR`` and ``HOME``) and the harmless devices; unless its folder
+asks for the network, it connects to nothing (Landlock's TCP rules; seccomp refuses every socket but a Unix one, UDP
+included, and ``connect`` itself: no sibling's channel either); it can signal no process
 outside its own (Landlock's scope, from ABI 6: not its template, not the server); it cannot ``ptrace`` what is
 outside its domain; root keeps its uid, but none of its capabilities. What namespaces give and this does
 not: a PID namespace (it sees the host's processes, and their command lines, in ``/proc``), a user of its own when
@@ -19,6 +19,7 @@ the server is root (it keeps root's reading of ``/etc``'s subfolders), a scratch
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import socket
 import stat
@@ -125,9 +126,11 @@ def restrict(rules: Rules, scratch: str) -> None:
     refuse.load()
 
 
-def _readable(rules: Rules) -> list[str]:
+@functools.cache
+def _readable(rules: Rules) -> tuple[str, ...]:
     """The system's folders, ``/etc``'s entries that any user may read (not ``/etc/shadow``, whoever the server
-    runs as), and what the rules name (the interpreter, the bundle)."""
+    runs as), and what the rules name (the interpreter, the bundle). Found once, by the template as it restricts
+    itself: its forks, an instance an episode, inherit the answer."""
     paths = [folder for folder in SYSTEM_FOLDERS if os.path.exists(folder)]
     try:
         entries = os.scandir("/etc")
@@ -142,4 +145,4 @@ def _readable(rules: Rules) -> list[str]:
                 except OSError:
                     continue
     paths += [path for path in rules.readable if os.path.exists(path)]
-    return paths
+    return tuple(paths)

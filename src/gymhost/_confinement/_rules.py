@@ -59,7 +59,8 @@ class Rules:
     an instance must not see (the instances' sockets); ``network``: False gives each instance a network namespace
     of its own, with nothing but its loopback; ``limits``: what each instance may take (``_limits``);
     ``namespaces`` False: no namespaces at all (where none may be made): the limits, and, with ``landlock``, the
-    restrictions of ``_landlock`` (``readable``: what an instance may read besides the interpreter and the system)."""
+    restrictions of ``_landlock`` (``readable``: what an instance may read besides the system's folders: the
+    interpreter, the bundle)."""
 
     user: tuple[int, int] | None
     scratch_bytes: int
