@@ -140,13 +140,14 @@ async def pool_status(base: str, transport: httpx.AsyncBaseTransport | None = No
 
 
 async def settled_pool(base: str, transport: httpx.AsyncBaseTransport | None = None) -> dict[str, Any]:
-    """``pool_status`` once every instance is free and none is starting: process instances serve one episode each,
-    and the pool replaces each as its episode ends."""
+    """``pool_status`` once every instance is free and none is starting or being stopped: process instances serve
+    one episode each, and the pool replaces each as its episode ends."""
     deadline = time.monotonic() + STATE_TIMEOUT_S
     while True:
         status = await pool_status(base, transport)
         instances = status["instances"]
-        settled = not status["starting"] and len(instances) >= status["limits"]["min_instances"]
+        settled = not status["starting"] and not status["stopping"]
+        settled = settled and len(instances) >= status["limits"]["min_instances"]
         if settled and all(instance["state"] == "free" for instance in instances):
             return status
         assert time.monotonic() < deadline, f"the pool did not settle within {STATE_TIMEOUT_S}s: {status}"

@@ -111,12 +111,14 @@ async def test_a_lease_is_on_a_clean_slate_and_a_release_makes_the_instance_free
         assert pool.catalog.hidden == {"submit"}  # read once, from the first instance
         instance = await pool.lease()
         assert instance.leased
-        assert instance.client.clears == 1  # type: ignore[attr-defined]
+        assert instance.client.clears == 0  # type: ignore[attr-defined]  # fresh from its start: nothing to clear
         assert pool.status()["leased"] == 1
         await pool.release(instance, None)
         assert not instance.leased
-        assert instance.client.clears == 2  # type: ignore[attr-defined]
+        assert instance.client.clears == 1  # type: ignore[attr-defined]
         assert pool.status()["free"] == 2
+        assert await pool.lease() is instance
+        assert instance.client.clears == 1  # type: ignore[attr-defined]  # cleared once, as its episode ended
     finally:
         await pool.stop()
     assert launcher.closed
@@ -184,15 +186,63 @@ async def test_an_episode_that_broke_its_instance_gives_back_a_replacement() -> 
         await pool.stop()
 
 
-async def test_an_instance_that_does_not_answer_its_clearing_is_replaced_and_the_lease_takes_another() -> None:
-    pool = Pool(FakeLauncher(), 2, 2, settings())
+async def test_an_instance_at_a_url_is_cleared_as_it_is_leased_and_one_that_does_not_answer_is_passed_over() -> None:
+    pool = Pool(FakeLauncher(owns_instances=False), 2, 2, settings())
     await pool.start()
     try:
         first, second = pool.instances
         second.client.answers = False  # type: ignore[attr-defined]  # the most recently freed is leased first
         instance = await pool.lease()
         assert instance is first
-        assert second.retired
+        assert first.client.clears == 1  # type: ignore[attr-defined]  # someone else may have used it
+        assert not second.healthy  # out of rotation, probed until it answers
+    finally:
+        await pool.stop()
+
+
+class FakeProcess:
+    def __init__(self) -> None:
+        self.pid = 0
+        self.paused = self.killed = False
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+async def test_a_retired_instance_is_paused_while_seeds_wait_for_starts_and_stopped_once_they_are_served() -> None:
+    """Its exit would take CPU from the starts the seeds wait for (a cold batch's first episodes end as its last
+    ones seed)."""
+
+    class Held(FakeLauncher):
+        def __init__(self) -> None:
+            super().__init__()
+            self.go = asyncio.Event()
+            self.go.set()
+
+        async def launch(self, index: int, settings: PoolSettings) -> Instance:
+            await self.go.wait()
+            instance = await super().launch(index, settings)
+            instance.process = FakeProcess()  # type: ignore[assignment]
+            return instance
+
+    launcher = Held()
+    pool = Pool(launcher, 1, 2, settings())
+    await pool.start()
+    try:
+        used = await pool.lease()
+        launcher.go.clear()  # the next start takes its time
+        seed = asyncio.create_task(pool.lease())
+        await until(lambda: pool.status()["waiting_seeds"] == 1, "a seed waits for a start")
+        await pool.release(used, Failure(TIMEOUT, "it stopped answering"))
+        await until(lambda: used.process.paused, "the broken instance is paused")  # type: ignore[union-attr]
+        assert used not in launcher.stopped
+        assert pool.status()["stopping"] == 1
+        launcher.go.set()
+        assert (await seed) is not used
+        await until(lambda: used in launcher.stopped, "stopped once no seed waits")
     finally:
         await pool.stop()
 

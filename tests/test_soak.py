@@ -68,14 +68,16 @@ def plan(mix: dict[str, float], count: int, seed: int) -> list[str]:
 
 
 async def settled(server: ServerProcess, instances: int) -> dict[str, Any]:
-    """The pool once the run is over: every abandoned episode expired, every instance free (replacements up),
-    every verdict and closed session forgotten. Fails if that takes longer than the limits allow."""
+    """The pool once the run is over: every abandoned episode expired, every instance free (replacements up) and
+    none being stopped, every verdict and closed session forgotten. Fails if that takes longer than the limits
+    allow."""
 
     def quiet() -> dict[str, Any] | None:
         status = pool_status_of(server.url)
-        done = (status["open_episodes"], status["free"], status["remembered"]) == (
+        done = (status["open_episodes"], status["free"], status["stopping"], status["remembered"]) == (
             0,
             instances,
+            0,
             {"verdicts": 0, "closed": 0},
         )
         return status if done else None

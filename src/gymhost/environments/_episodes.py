@@ -1,7 +1,7 @@
 """The episode state machine: Gym's seed / tool / verify / close calls on an environment, independent of nemo-gym
 and of HTTP.
 
-One ``Episode`` per Gym session: seeding leases an instance from the pool (on a clean slate and answering), begins the
+One ``Episode`` per Gym session: seeding leases an instance from the pool (on a clean slate), begins the
 task on it and opens its tool session; tool calls go over that session; verifying grades and then tears the episode
 down (tool session closed, instance given back); a close, an idle timeout or the server's shutdown tear it down
 without grading. The pool owns the instances (``InstancePool``; ``_pool.Pool`` in a server, a fake in the unit

@@ -40,6 +40,7 @@ _PROBE_INTERVAL_S = 1.0  # how often a broken URL instance is asked whether it a
 _URL_CHECK_EVERY_S = 5.0  # how often a free URL instance is asked, so one that went quiet is out before a seed
 _START_RETRY_S = 1.0  # after a failed start, before the pool tries again
 _LIMITS = {kind: limit for limit, kind in LIMIT_KINDS.items()}  # an instance's stop, by the limit it reached
+_STOP_DEFERRED_S = 5.0  # the longest a retired instance waits, paused, for the seeds waiting on starts to be served
 
 
 class Pool:
@@ -72,6 +73,7 @@ class Pool:
         self._retired_leased: set[Instance] = set()  # retired while an episode held them: stopped on release
         self._free: deque[Instance] = deque()  # the most recently freed last: it is leased first, the others age
         self._waiters: deque[asyncio.Future[Instance]] = deque()
+        self._no_waiters: asyncio.Future[None] | None = None  # set when the last waiting seed is served
         self._starting = 0  # starts asked for and not yet done, queued for a startup slot or launching
         self._stopping_now = 0
         self._startup_slots = asyncio.Semaphore(settings.parallel_startups)
@@ -122,6 +124,7 @@ class Pool:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(PoolExhaustedError("the server is shutting down"))
+        self._waiters_changed()
 
     async def stop(self) -> None:
         self.begin_stop()
@@ -140,16 +143,21 @@ class Pool:
         return asyncio.get_running_loop().time() + self.settings.lease_timeout_s
 
     async def lease(self, deadline: float | None = None) -> Instance:
-        """An instance on a clean slate and answering, waiting up to ``lease_timeout_s`` for one (started on demand, up
-        to the maximum), or until ``deadline`` (``lease_deadline``): the backpressure a full pool puts on seeds.
+        """An instance on a clean slate, waiting up to ``lease_timeout_s`` for one (started on demand, up to the
+        maximum), or until ``deadline`` (``lease_deadline``): the backpressure a full pool puts on seeds.
 
-        One that does not answer its clearing (it died between a check and the lease) is replaced and the lease takes
-        another, so a fault between episodes costs no episode. An instance that answers it with something else than
-        success is released as that failure says, and the error raised.
+        An instance this pool started is on a clean slate already (fresh, or cleared when its last episode gave it
+        back; one that died meanwhile is retired as its launcher hears of it, and one that dies under the seed is
+        replaced by the seed, ``Episodes``), so only an instance at a URL, which others may reach, is cleared here:
+        one that does not answer its clearing is replaced and the lease takes another, so a fault between episodes
+        costs no episode; one that answers it with something else than success is released as that failure says,
+        and the error raised.
         """
         deadline = self.lease_deadline() if deadline is None else deadline
         while True:
             instance = await self._take(deadline)
+            if self.launcher.owns_instances:
+                return instance
             try:
                 await instance.client.clear()
             except EnvUnavailableError as error:
@@ -223,6 +231,7 @@ class Pool:
         finally:
             with contextlib.suppress(ValueError):
                 self._waiters.remove(waiter)
+            self._waiters_changed()
 
     def _lend(self, instance: Instance) -> None:
         instance.leased = True
@@ -236,9 +245,24 @@ class Pool:
             if not waiter.done():
                 self._lend(instance)
                 waiter.set_result(instance)
+                self._waiters_changed()
                 return
+        self._waiters_changed()
         instance.queued = True
         self._free.append(instance)
+
+    def _waiters_changed(self) -> None:
+        if not self._waiters and self._no_waiters is not None and not self._no_waiters.done():
+            self._no_waiters.set_result(None)
+
+    async def _seeds_served(self, timeout: float) -> None:
+        """Until no seed waits for an instance, or ``timeout``."""
+        if not self._waiters:
+            return
+        if self._no_waiters is None or self._no_waiters.done():
+            self._no_waiters = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._no_waiters), timeout)
 
     def _exhausted_message(self) -> str:
         waiting = max(0, len(self._waiters) - 1)
@@ -364,8 +388,26 @@ class Pool:
             # the episode would turn that into an error of gymhost's own.
             self._retired_leased.add(instance)
         else:
-            self._background(self.launcher.stop(instance, graceful=False), f"gymhost-instance-{instance.index}-stop")
+            self._background(self._stop_retired(instance), f"gymhost-instance-{instance.index}-stop")
         self._grow(renewing=1 if renewed else 0)
+
+    async def _stop_retired(self, instance: Instance) -> None:
+        """Stop an instance taken out of rotation. While seeds wait for instances to start (a batch landing on the
+        pool), its process is paused at once and stopped only once they are served, at most ``_STOP_DEFERRED_S``
+        later: a process's exit (its memory freed, its namespaces torn down) takes CPU those starts need, and a
+        cold batch's last episodes to seed wait behind its first ones' ends."""
+        self._stopping_now += 1
+        try:
+            if instance.process is not None and self._waiters:
+                instance.process.pause()
+                await self._seeds_served(_STOP_DEFERRED_S)
+            await self.launcher.stop(instance, graceful=False)
+        except BaseException:
+            if instance.process is not None:
+                instance.process.kill()  # cancelled (the pool is stopping): nothing is left paused
+            raise
+        finally:
+            self._stopping_now -= 1
 
     async def _probe_until_back(self, broken: Instance) -> None:
         while not self._stopping:

@@ -73,6 +73,9 @@ class ForkedProcess:
                 os.sched_setscheduler(self.pid, os.SCHED_IDLE, os.sched_param(0))
         self._signal(signal.SIGKILL)
 
+    def pause(self) -> None:
+        self._signal(signal.SIGSTOP)  # the first process of its PID namespace: signalled from outside, it stops
+
     async def terminate(self) -> None:
         """SIGTERM (the instance's server shuts down cleanly), SIGKILL after a grace period; then forget the pidfd."""
         if not self.exited_now():
@@ -129,6 +132,11 @@ class SpawnedProcess:
             self.process.kill()
         if self.process.stdin is not None:
             self.process.stdin.close()
+
+    def pause(self) -> None:
+        """Its keeper, when it is confined (``enter_instance``): the instance goes on until the kill."""
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGSTOP)
 
     async def terminate(self) -> None:
         await _terminate(self.process)
