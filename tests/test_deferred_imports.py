@@ -70,3 +70,28 @@ def test_a_stand_in_is_the_object_to_isinstance_formatting_and_attributes() -> N
         """
     )
     assert checked == "ok"
+
+
+def test_gym_imports_where_ray_is_not_installed_and_reads_that_it_is_not() -> None:
+    """The image installs nemo-gym without its training-time dependencies: 0.7.0's global_config asks Ray's version
+    at import (for the launcher's pins), which would fail the import."""
+    missing = """
+import importlib.metadata
+real = importlib.metadata.version
+def version(name):
+    if name == "ray":
+        raise importlib.metadata.PackageNotFoundError(name)
+    return real(name)
+importlib.metadata.version = version
+"""
+    read = "import nemo_gym.global_config as c; print(getattr(c, 'ray_version', 'never read'))"
+    done = subprocess.run([sys.executable, "-c", missing + SERVING + read], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    from importlib.metadata import version
+
+    reads_it = version("nemo-gym") >= "0.5"  # 0.4.0 imports Ray itself (deferred) and reads ray.__version__
+    assert done.stdout.strip().splitlines()[-1] == ("0+not.installed" if reads_it else version("ray"))
+    undeferred = subprocess.run(
+        [sys.executable, "-c", missing + "import nemo_gym.global_config"], capture_output=True, text=True, timeout=300
+    )
+    assert (undeferred.returncode != 0) == reads_it, undeferred.stderr  # what an install without Ray met before

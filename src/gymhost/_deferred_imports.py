@@ -11,6 +11,12 @@ stand-in's place, so later uses are the real thing. A module-level use (0.4.0's 
 of ``wandb.util``) just imports it then. What a stand-in cannot pass for is the object's identity and type before its
 first use.
 
+Where nemo-gym is installed without its training-time dependencies (the image: ``deploy/container``), one more
+thing stands in the way: 0.7.0's ``global_config`` asks the installed version of Ray at import, for the launcher's
+pins. A deferring module's ``from importlib.metadata import version`` binds a ``version`` that answers
+``NOT_INSTALLED`` for a package of ``DEFERRED_PACKAGES`` that is not installed, and what ``importlib.metadata`` answers
+for everything else.
+
 Upstream could drop all of this by importing those packages inside the functions that use them (or, from Python
 3.15, with ``lazy import``): docs/architecture.md.
 """
@@ -21,13 +27,14 @@ import builtins
 import importlib
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import sys
 import threading
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["DEFERRED_PACKAGES", "DEFERRING_MODULES", "defer_training_imports"]
+__all__ = ["DEFERRED_PACKAGES", "DEFERRING_MODULES", "NOT_INSTALLED", "defer_training_imports"]
 
 # Packages a resources server does not need to serve (measured with -X importtime on nemo-gym 0.4.0 and 0.7.0).
 DEFERRED_PACKAGES = frozenset({"pandas", "scipy", "wandb", "ray", "hydra"})
@@ -35,6 +42,18 @@ DEFERRED_PACKAGES = frozenset({"pandas", "scipy", "wandb", "ray", "hydra"})
 DEFERRING_MODULES = frozenset(
     {"nemo_gym.global_config", "nemo_gym.server_utils", "nemo_gym.reward_profile", "nemo_gym.rollout_collection"}
 )
+# The version a deferring module reads of a deferred package that is not installed: PEP 440, and saying so.
+NOT_INSTALLED = "0+not.installed"
+
+
+def _version(distribution_name: str) -> str:
+    """``importlib.metadata.version``, but ``NOT_INSTALLED`` for a missing package of ``DEFERRED_PACKAGES``."""
+    try:
+        return importlib.metadata.version(distribution_name)
+    except importlib.metadata.PackageNotFoundError:
+        if distribution_name.lower() in DEFERRED_PACKAGES:
+            return NOT_INSTALLED
+        raise
 
 
 class _Deferred:
@@ -113,13 +132,12 @@ class _Import:
         fromlist: Sequence[str] | None = (),
         level: int = 0,
     ) -> Any:
-        deferred = (
-            level == 0
-            and name.partition(".")[0] in DEFERRED_PACKAGES
-            and "*" not in (fromlist or ())
-            and isinstance(globals, dict)
-            and sys._getframe(1).f_code in self.top_levels
-        )
+        top_level = level == 0 and isinstance(globals, dict) and sys._getframe(1).f_code in self.top_levels
+        if top_level and name == "importlib.metadata" and fromlist and "version" in fromlist:
+            module = self.original(name, globals, locals, fromlist, level)
+            names = {attribute: getattr(module, attribute) for attribute in fromlist}
+            return types.SimpleNamespace(**{**names, "version": _version})
+        deferred = top_level and name.partition(".")[0] in DEFERRED_PACKAGES and "*" not in (fromlist or ())
         if not deferred:
             return self.original(name, globals, locals, fromlist, level)
         assert isinstance(globals, dict)
