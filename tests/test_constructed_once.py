@@ -26,6 +26,7 @@ import pytest
 from gymhost._confinement import confinement
 from gymhost.environments._agentenv._forking import BundleLauncher
 from gymhost.environments._backend import Catalog, Instance
+from gymhost.environments._pool import Pool
 from gymhost.environments._settings import PoolSettings
 
 from .agentenv_helpers import until_described
@@ -45,7 +46,7 @@ import time
 import uuid
 from typing import Any
 
-from agentenv_protocol import AgentEnvEnvironment, environment_card, tool
+from agentenv_protocol import AgentEnvEnvironment, environment_card, reset_data, tool
 
 
 def this_process() -> int:
@@ -59,7 +60,13 @@ class NotesEnv(AgentEnvEnvironment):
         self.constructed_in = this_process()
         self.notes: list[str] = []
         self.shared = {"notes": self.notes}  # nested state: a copy per instance too
+        self.drawn = None  # drawn by the reset, as the docs tell an environment constructed once to do
         CONSTRUCTOR_EXTRA
+
+    @reset_data
+    async def reset(self) -> None:
+        self.notes.clear()
+        self.drawn = uuid.uuid4().hex
 
     @tool(name="note")
     async def note(self, text: str) -> dict[str, Any]:
@@ -70,6 +77,7 @@ class NotesEnv(AgentEnvEnvironment):
             "construction": self.construction,
             "constructed_in": self.constructed_in,
             "serving_in": this_process(),
+            "drawn": self.drawn,
         }
 """
 
@@ -140,6 +148,23 @@ async def test_instances_forked_from_one_constructed_environment_share_no_state(
     assert two["notes"] == ["b"], "a note kept by one instance reached another"
     assert again["notes"] == ["a", "c"]
     constructed_once_in_the_template(one, two)
+
+
+async def test_each_instance_is_reset_before_its_first_episode_and_draws_its_own(tmp_path: Path) -> None:
+    """The environment's reset runs in each instance before its first episode, as before every other: what an
+    environment constructed once draws per instance, it draws there."""
+    bundle = tmp_path / "notes"
+    bundle.mkdir()
+    (bundle / "env.py").write_text(NOTES_ENV.replace("CONSTRUCTOR_EXTRA", "pass"))
+    pool = Pool(BundleLauncher(bundle), 2, 2, PoolSettings())
+    await pool.start()
+    try:
+        first, second = await pool.lease(), await pool.lease()
+        one, two = await note(first, "a"), await note(second, "b")
+    finally:
+        await pool.stop()
+    assert None not in (one["drawn"], two["drawn"]), "an instance began its episode without its reset"
+    assert one["drawn"] != two["drawn"]
 
 
 async def test_a_template_that_died_is_started_again_for_the_next_instance(tmp_path: Path) -> None:

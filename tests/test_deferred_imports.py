@@ -89,7 +89,9 @@ importlib.metadata.version = version
     assert done.returncode == 0, done.stderr
     from importlib.metadata import version
 
-    reads_it = version("nemo-gym") >= "0.5"  # 0.4.0 imports Ray itself (deferred) and reads ray.__version__
+    from packaging.version import Version
+
+    reads_it = Version(version("nemo-gym")) >= Version("0.5")  # 0.4.0 imports Ray (deferred), reads ray.__version__
     assert done.stdout.strip().splitlines()[-1] == ("0+not.installed" if reads_it else version("ray"))
     undeferred = subprocess.run(
         [sys.executable, "-c", missing + "import nemo_gym.global_config"], capture_output=True, text=True, timeout=300

@@ -111,14 +111,14 @@ async def test_a_lease_is_on_a_clean_slate_and_a_release_makes_the_instance_free
         assert pool.catalog.hidden == {"submit"}  # read once, from the first instance
         instance = await pool.lease()
         assert instance.leased
-        assert instance.client.clears == 0  # type: ignore[attr-defined]  # fresh from its start: nothing to clear
+        assert instance.client.clears == 1  # type: ignore[attr-defined]  # its launcher did not reset it
         assert pool.status()["leased"] == 1
         await pool.release(instance, None)
         assert not instance.leased
-        assert instance.client.clears == 1  # type: ignore[attr-defined]
+        assert instance.client.clears == 2  # type: ignore[attr-defined]
         assert pool.status()["free"] == 2
         assert await pool.lease() is instance
-        assert instance.client.clears == 1  # type: ignore[attr-defined]  # cleared once, as its episode ended
+        assert instance.client.clears == 2  # type: ignore[attr-defined]  # cleared once, as its episode ended
     finally:
         await pool.stop()
     assert launcher.closed
@@ -205,46 +205,85 @@ class FakeProcess:
         self.pid = 0
         self.paused = self.killed = False
 
-    def pause(self) -> None:
+    def pause(self) -> bool:
         self.paused = True
+        return True
 
     def kill(self) -> None:
         self.killed = True
 
 
-async def test_a_retired_instance_is_paused_while_seeds_wait_for_starts_and_stopped_once_they_are_served() -> None:
+class OneEpisode(FakeLauncher):
+    """Instances with a process, each for one episode, whose starts the test holds back (``go``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.go = asyncio.Event()
+        self.go.set()
+
+    async def launch(self, index: int, settings: PoolSettings) -> Instance:
+        await self.go.wait()
+        instance = await super().launch(index, settings)
+        instance.process = FakeProcess()  # type: ignore[assignment]
+        instance.one_episode = True
+        return instance
+
+
+async def a_seed_waiting_for_a_start(pool: Pool, launcher: OneEpisode) -> tuple[Instance, asyncio.Task[Instance]]:
+    used = await pool.lease()
+    launcher.go.clear()  # the next start takes its time
+    seed = asyncio.create_task(pool.lease())
+    await until(lambda: pool.status()["waiting_seeds"] == 1 and pool.status()["starting"], "a seed waits")
+    return used, seed
+
+
+async def test_an_instance_whose_episode_ended_while_seeds_wait_for_starts_is_paused_then_stopped() -> None:
     """Its exit would take CPU from the starts the seeds wait for (a cold batch's first episodes end as its last
-    ones seed)."""
-
-    class Held(FakeLauncher):
-        def __init__(self) -> None:
-            super().__init__()
-            self.go = asyncio.Event()
-            self.go.set()
-
-        async def launch(self, index: int, settings: PoolSettings) -> Instance:
-            await self.go.wait()
-            instance = await super().launch(index, settings)
-            instance.process = FakeProcess()  # type: ignore[assignment]
-            return instance
-
-    launcher = Held()
-    pool = Pool(launcher, 1, 2, settings())
+    ones seed): it is paused, and stopped once no seed waits."""
+    launcher = OneEpisode()
+    pool = Pool(launcher, 1, 4, settings())
     await pool.start()
     try:
-        used = await pool.lease()
-        launcher.go.clear()  # the next start takes its time
-        seed = asyncio.create_task(pool.lease())
-        await until(lambda: pool.status()["waiting_seeds"] == 1, "a seed waits for a start")
-        await pool.release(used, Failure(TIMEOUT, "it stopped answering"))
-        await until(lambda: used.process.paused, "the broken instance is paused")  # type: ignore[union-attr]
+        used, seed = await a_seed_waiting_for_a_start(pool, launcher)
+        await pool.release(used, None)
+        await until(lambda: used.process.paused, "the used instance is paused")  # type: ignore[union-attr]
         assert used not in launcher.stopped
         assert pool.status()["stopping"] == 1
         launcher.go.set()
         assert (await seed) is not used
         await until(lambda: used in launcher.stopped, "stopped once no seed waits")
+        assert pool.status()["stopping"] == 0
     finally:
         await pool.stop()
+
+
+async def test_a_broken_instance_is_stopped_at_once_even_while_seeds_wait() -> None:
+    launcher = OneEpisode()
+    pool = Pool(launcher, 1, 4, settings())
+    await pool.start()
+    try:
+        used, seed = await a_seed_waiting_for_a_start(pool, launcher)
+        await pool.release(used, Failure(TIMEOUT, "it stopped answering"))
+        await until(lambda: used in launcher.stopped, "stopped at once")
+        assert not used.process.paused  # type: ignore[union-attr]
+        launcher.go.set()
+        await seed
+    finally:
+        await pool.stop()
+
+
+async def test_a_pool_stopped_while_an_instance_is_paused_stops_it() -> None:
+    launcher = OneEpisode()
+    pool = Pool(launcher, 1, 4, settings())
+    await pool.start()
+    used, seed = await a_seed_waiting_for_a_start(pool, launcher)
+    await pool.release(used, None)
+    await until(lambda: used.process.paused, "the used instance is paused")  # type: ignore[union-attr]
+    await pool.stop()
+    assert used in launcher.stopped
+    assert used.process.killed  # type: ignore[union-attr]
+    with pytest.raises(PoolExhaustedError):
+        await seed
 
 
 async def test_instances_at_urls_are_never_started_or_stopped_only_probed_until_they_answer() -> None:

@@ -28,6 +28,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.metadata
+import re
 import sys
 import threading
 import types
@@ -46,12 +47,16 @@ DEFERRING_MODULES = frozenset(
 NOT_INSTALLED = "0+not.installed"
 
 
+# The distributions ``DEFERRED_PACKAGES`` come in (hydra is Hydra's import name; its distribution hydra-core).
+_DEFERRED_DISTRIBUTIONS = frozenset({*DEFERRED_PACKAGES, "hydra-core"})
+
+
 def _version(distribution_name: str) -> str:
-    """``importlib.metadata.version``, but ``NOT_INSTALLED`` for a missing package of ``DEFERRED_PACKAGES``."""
+    """``importlib.metadata.version``, but ``NOT_INSTALLED`` for a missing distribution of a deferred package."""
     try:
         return importlib.metadata.version(distribution_name)
     except importlib.metadata.PackageNotFoundError:
-        if distribution_name.lower() in DEFERRED_PACKAGES:
+        if re.sub(r"[-_.]+", "-", distribution_name).lower() in _DEFERRED_DISTRIBUTIONS:
             return NOT_INSTALLED
         raise
 
@@ -135,7 +140,8 @@ class _Import:
         top_level = level == 0 and isinstance(globals, dict) and sys._getframe(1).f_code in self.top_levels
         if top_level and name == "importlib.metadata" and fromlist and "version" in fromlist:
             module = self.original(name, globals, locals, fromlist, level)
-            names = {attribute: getattr(module, attribute) for attribute in fromlist}
+            # Only the names it has: for one it lacks, the import statement raises its own ImportError.
+            names = {attribute: getattr(module, attribute) for attribute in fromlist if hasattr(module, attribute)}
             return types.SimpleNamespace(**{**names, "version": _version})
         deferred = top_level and name.partition(".")[0] in DEFERRED_PACKAGES and "*" not in (fromlist or ())
         if not deferred:

@@ -111,8 +111,8 @@ class InstanceClient(EnvironmentClient, Protocol):
     async def hidden_tools(self, catalog: Catalog) -> set[str]: ...
 
     async def clear(self) -> None:
-        """Leave the instance as if no episode had touched it: after an episode, and before a lease of an instance at
-        a URL, which others may have used."""
+        """Leave the instance as if no episode had touched it (the environment's own reset): before its first
+        episode, after each, and before each lease of an instance at a URL, which others may have used."""
         ...
 
     async def state(self) -> Any:
@@ -130,8 +130,8 @@ class InstanceProcess(Protocol):
     def exited_now(self) -> bool: ...
     async def wait(self) -> None: ...
     def kill(self) -> None: ...
-    def pause(self) -> None:
-        """Stop running now (``SIGSTOP``), for a ``kill`` a moment later."""
+    def pause(self) -> bool:
+        """Stop running now (``SIGSTOP``), for a ``kill`` a moment later; False when it cannot (or has exited)."""
         ...
 
     async def terminate(self) -> None: ...
@@ -150,6 +150,7 @@ class Instance:
     queued: bool = False  # in the pool's free list, ready for the next lease
     retired: bool = False  # taken out of the pool: stopped on purpose, or broken and replaced
     one_episode: bool = False  # replaced after its episode, never cleared for another (a fresh fork each)
+    cleared: bool = False  # reset since it started (its launcher's) or since its last episode (the pool's)
     episodes: int = 0
     free_since: float = 0.0  # loop time it last became free: the pool stops the ones free too long
 

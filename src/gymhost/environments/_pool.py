@@ -41,6 +41,7 @@ _URL_CHECK_EVERY_S = 5.0  # how often a free URL instance is asked, so one that 
 _START_RETRY_S = 1.0  # after a failed start, before the pool tries again
 _LIMITS = {kind: limit for limit, kind in LIMIT_KINDS.items()}  # an instance's stop, by the limit it reached
 _STOP_DEFERRED_S = 5.0  # the longest a retired instance waits, paused, for the seeds waiting on starts to be served
+_PAUSED_AT_MOST = 64  # retired instances paused at once, beyond the pool's maximum: their memory is still theirs
 
 
 class Pool:
@@ -71,11 +72,13 @@ class Pool:
             logger,
         )
         self._retired_leased: set[Instance] = set()  # retired while an episode held them: stopped on release
+        self._being_stopped: set[Instance] = set()  # retired and not leased: being stopped (``_stop_retired``)
         self._free: deque[Instance] = deque()  # the most recently freed last: it is leased first, the others age
         self._waiters: deque[asyncio.Future[Instance]] = deque()
         self._no_waiters: asyncio.Future[None] | None = None  # set when the last waiting seed is served
         self._starting = 0  # starts asked for and not yet done, queued for a startup slot or launching
         self._stopping_now = 0
+        self._paused = 0
         self._startup_slots = asyncio.Semaphore(settings.parallel_startups)
         self._next_index = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -128,10 +131,11 @@ class Pool:
 
     async def stop(self) -> None:
         self.begin_stop()
+        being_stopped = list(self._being_stopped)  # their stops are cancelled below: stopped here instead
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        remaining = [*self.instances, *self._retired_leased]
+        remaining = [*self.instances, *self._retired_leased, *being_stopped]
         for instance in remaining:
             instance.retired = True
         await asyncio.gather(*(self.launcher.stop(instance) for instance in remaining), return_exceptions=True)
@@ -146,17 +150,18 @@ class Pool:
         """An instance on a clean slate, waiting up to ``lease_timeout_s`` for one (started on demand, up to the
         maximum), or until ``deadline`` (``lease_deadline``): the backpressure a full pool puts on seeds.
 
-        An instance this pool started is on a clean slate already (fresh, or cleared when its last episode gave it
-        back; one that died meanwhile is retired as its launcher hears of it, and one that dies under the seed is
-        replaced by the seed, ``Episodes``), so only an instance at a URL, which others may reach, is cleared here:
-        one that does not answer its clearing is replaced and the lease takes another, so a fault between episodes
-        costs no episode; one that answers it with something else than success is released as that failure says,
-        and the error raised.
+        An instance this pool started that is cleared already (one that reset itself as it started, or one cleared as
+        its last episode gave it back) is leased as it is: one that died meanwhile is retired as its launcher hears
+        of it, and one that dies under the seed is replaced by the seed (``Episodes``). Any other is cleared here (an
+        instance at a URL, which others may reach, always is): one that does not answer its clearing is replaced and
+        the lease takes another, so a fault between episodes costs no episode; one that answers it with something
+        else than success is released as that failure says, and the error raised.
         """
         deadline = self.lease_deadline() if deadline is None else deadline
         while True:
             instance = await self._take(deadline)
-            if self.launcher.owns_instances:
+            cleared, instance.cleared = instance.cleared, False  # leased: its episode's from now on
+            if cleared and self.launcher.owns_instances:
                 return instance
             try:
                 await instance.client.clear()
@@ -200,6 +205,7 @@ class Pool:
             self._retire(instance)
             raise
         else:
+            instance.cleared = True
             if not self._stopping and not instance.retired:
                 self._hand(instance)
 
@@ -388,26 +394,33 @@ class Pool:
             # the episode would turn that into an error of gymhost's own.
             self._retired_leased.add(instance)
         else:
-            self._background(self._stop_retired(instance), f"gymhost-instance-{instance.index}-stop")
+            self._being_stopped.add(instance)
+            self._background(self._stop_retired(instance, renewed), f"gymhost-instance-{instance.index}-stop")
         self._grow(renewing=1 if renewed else 0)
 
-    async def _stop_retired(self, instance: Instance) -> None:
-        """Stop an instance taken out of rotation. While seeds wait for instances to start (a batch landing on the
-        pool), its process is paused at once and stopped only once they are served, at most ``_STOP_DEFERRED_S``
-        later: a process's exit (its memory freed, its namespaces torn down) takes CPU those starts need, and a
-        cold batch's last episodes to seed wait behind its first ones' ends."""
+    async def _stop_retired(self, instance: Instance, renewed: bool) -> None:
+        """Stop an instance taken out of rotation. One that served its episode (``renewed``) while seeds wait for
+        starts (a batch landing on the pool) is paused at once and stopped once no seed waits, at most
+        ``_STOP_DEFERRED_S`` later and no more than ``_PAUSED_AT_MOST`` at a time: a process's exit (its memory freed,
+        its namespaces torn down) takes CPU those starts need, and a cold batch's last episodes to seed wait behind
+        its first ones' ends. A broken one is stopped at once."""
         self._stopping_now += 1
         try:
-            if instance.process is not None and self._waiters:
-                instance.process.pause()
-                await self._seeds_served(_STOP_DEFERRED_S)
+            pausing = renewed and self._waiters and self._starting and self._paused < _PAUSED_AT_MOST
+            if pausing and instance.process is not None and instance.process.pause():
+                self._paused += 1
+                try:
+                    await self._seeds_served(_STOP_DEFERRED_S)
+                finally:
+                    self._paused -= 1
             await self.launcher.stop(instance, graceful=False)
         except BaseException:
             if instance.process is not None:
-                instance.process.kill()  # cancelled (the pool is stopping): nothing is left paused
+                instance.process.kill()  # cancelled (the pool is stopping, and stops it): nothing is left paused
             raise
         finally:
             self._stopping_now -= 1
+            self._being_stopped.discard(instance)
 
     async def _probe_until_back(self, broken: Instance) -> None:
         while not self._stopping:

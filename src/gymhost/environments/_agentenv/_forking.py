@@ -73,8 +73,11 @@ class ForkedProcess:
                 os.sched_setscheduler(self.pid, os.SCHED_IDLE, os.sched_param(0))
         self._signal(signal.SIGKILL)
 
-    def pause(self) -> None:
+    def pause(self) -> bool:
+        if self.exited_now():
+            return False
         self._signal(signal.SIGSTOP)  # the first process of its PID namespace: signalled from outside, it stops
+        return True
 
     async def terminate(self) -> None:
         """SIGTERM (the instance's server shuts down cleanly), SIGKILL after a grace period; then forget the pidfd."""
@@ -133,10 +136,10 @@ class SpawnedProcess:
         if self.process.stdin is not None:
             self.process.stdin.close()
 
-    def pause(self) -> None:
-        """Its keeper, when it is confined (``enter_instance``): the instance goes on until the kill."""
-        with contextlib.suppress(ProcessLookupError):
-            self.process.send_signal(signal.SIGSTOP)
+    def pause(self) -> bool:
+        """Never: confined, this is the instance's keeper (``enter_instance``), and stopping it would not stop the
+        instance."""
+        return False
 
     async def terminate(self) -> None:
         await _terminate(self.process)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import importlib.util
 import inspect
@@ -26,7 +27,7 @@ import httpx
 from ..._hosting._entrypoint import own_siblings
 from ..._logging import fastmcp_leaves_logging_alone
 from .._backend import ELSEWHERE, Catalog, Instance, ToolSession, forever
-from .._errors import StartupError
+from .._errors import DataPlaneError, StartupError
 from .._settings import PoolSettings
 from ._client import EnvClient
 from ._direct import DirectToolSession
@@ -157,7 +158,11 @@ class InProcessLauncher:
                 self.description,
             )
             _warn_about_blocking_handlers(environment_class)
-        return await host_in_process(environment_class, index, settings.data_timeout_s)
+        instance = await host_in_process(environment_class, index, settings.data_timeout_s)
+        with contextlib.suppress(DataPlaneError):  # not reset (an environment without a reset): the lease tries
+            await instance.client.clear()  # in this process, the reset costs no more now than at its lease
+            instance.cleared = True
+        return instance
 
     async def stop(self, instance: Instance, *, graceful: bool = True) -> None:
         await stop_in_process(instance, graceful=graceful)
