@@ -61,12 +61,14 @@ class NotesEnv(AgentEnvEnvironment):
         self.notes: list[str] = []
         self.shared = {"notes": self.notes}  # nested state: a copy per instance too
         self.drawn = None  # drawn by the reset, as the docs tell an environment constructed once to do
+        self.resets = 0
         CONSTRUCTOR_EXTRA
 
     @reset_data
     async def reset(self) -> None:
         self.notes.clear()
         self.drawn = uuid.uuid4().hex
+        self.resets += 1
 
     @tool(name="note")
     async def note(self, text: str) -> dict[str, Any]:
@@ -78,6 +80,7 @@ class NotesEnv(AgentEnvEnvironment):
             "constructed_in": self.constructed_in,
             "serving_in": this_process(),
             "drawn": self.drawn,
+            "resets": self.resets,
         }
 """
 
@@ -163,7 +166,7 @@ async def test_each_instance_is_reset_before_its_first_episode_and_draws_its_own
         one, two = await note(first, "a"), await note(second, "b")
     finally:
         await pool.stop()
-    assert None not in (one["drawn"], two["drawn"]), "an instance began its episode without its reset"
+    assert (one["resets"], two["resets"]) == (1, 1), "an instance began its episode unreset, or reset twice"
     assert one["drawn"] != two["drawn"]
 
 

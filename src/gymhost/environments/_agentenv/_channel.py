@@ -124,6 +124,9 @@ class _Framed(asyncio.Protocol):
 # -- the server's side ---------------------------------------------------------------------------------------------
 
 
+_READING = frozenset({"ready", "describe", "hidden_tools", "state"})  # what leaves an instance as it was
+
+
 class Copies:
     """What the instances forked from one constructed environment share: its catalog, read from the first of them.
     Each other answers describe with it (``ChannelClient``), once it answers at all: a start then costs no catalog
@@ -150,16 +153,21 @@ class ChannelClient:
         self._ids = itertools.count(1)
         self._sessions = itertools.count(1)
         self.ended_by: InstanceLimitError | None = None  # the limit the instance said it reached, as it ended
+        # The instance reset its environment as it started, and nothing has been asked of it since: the pool's
+        # clear before its first episode is already done (``_template``).
+        self._reset = False
         self._closed: asyncio.Event | None = None  # set when the connection ends
 
     async def describe(self) -> Catalog:
         copies = self._copies
         if copies is not None and copies.catalog is not None:
-            await self.call("ready")
+            self._reset = bool(await self.call("ready"))
             return copies.catalog
-        catalog: Catalog = await self.call("describe")
+        catalog, reset = await self.call("describe")
+        self._reset = bool(reset)
         if copies is not None:
             copies.catalog = catalog
+        assert isinstance(catalog, Catalog)
         return catalog
 
     async def hidden_tools(self, catalog: Catalog) -> set[str]:
@@ -167,6 +175,9 @@ class ChannelClient:
         return hidden
 
     async def clear(self) -> None:
+        if self._reset:  # reset as it started, untouched since
+            self._reset = False
+            return
         await self.call("clear")
 
     async def state(self) -> Any:
@@ -196,6 +207,8 @@ class ChannelClient:
         instance enforces first and the server a little later, for a tool that blocks the instance's loop)."""
         if self.ended_by is not None:
             raise InstanceLimitError(str(self.ended_by), kind=self.ended_by.kind)
+        if operation not in _READING:
+            self._reset = False
         protocol = await self._connected()
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -342,10 +355,12 @@ _SERVED: set[_Framed] = set()  # the instance's connections to the server, for a
 
 
 class _Served:
-    """One connection to an instance process: the server's calls run on the instance's client and its sessions."""
+    """One connection to an instance process: the server's calls run on the instance's client and its sessions.
+    ``reset``: the environment was reset as the instance started (told with ``ready`` and ``describe``)."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, reset: bool) -> None:
         self.client = client
+        self.reset = reset
         self.sessions: dict[int, Any] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self.protocol = _Framed(self._received, self._lost)
@@ -380,9 +395,9 @@ class _Served:
             session, name, tool_arguments = arguments
             return await self._session(session).call_tool(name, tool_arguments)
         if operation == "ready":  # answered at all: serving (a copy's catalog is known, ``Copies``)
-            return None
+            return self.reset
         if operation == "describe":
-            return await client.describe()
+            return await client.describe(), self.reset
         if operation == "hidden_tools":
             return await client.hidden_tools(*arguments)
         if operation == "clear":
@@ -450,11 +465,11 @@ def listen_at(path: str) -> socket.socket:
     return sock
 
 
-async def serve_instance(client: Any, sock: socket.socket) -> asyncio.Server:
+async def serve_instance(client: Any, sock: socket.socket, *, reset: bool = False) -> asyncio.Server:
     """Answer the server's calls on ``sock`` (``listen_at``) with ``client``, an in-process instance's
-    (``InProcessClient``)."""
+    (``InProcessClient``); ``reset``: its environment was reset as it started."""
     loop = asyncio.get_running_loop()
     # The socket's file is the server's to remove, with its folder: an instance may not (``_landlock``). Python
     # 3.13's asyncio would remove it as the instance stops.
     keep: dict[str, Any] = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
-    return await loop.create_unix_server(lambda: _Served(client).protocol, sock=sock, **keep)
+    return await loop.create_unix_server(lambda: _Served(client, reset).protocol, sock=sock, **keep)

@@ -59,7 +59,7 @@ from ..._confinement import (
     watch,
 )
 from ..._sessions._identity import die_with_parent
-from .._errors import StartupError
+from .._errors import DataPlaneError, StartupError
 from ._channel import end_for_limit, listen_at, serve_instance
 from ._construct_once import constructed_once
 from ._forking import CONFINE, CONSTRUCT_EACH, PIDFDS, SERVE, SERVER_PID, SPAWNED, TEMPLATE_READY
@@ -222,7 +222,14 @@ async def _instance(environment: type[Any] | Constructed, listening: socket.sock
     instance = await host_in_process(environment, 0, NO_NETWORK_TIMEOUT_S)
     if limits is not None:
         watch(limits, end_for_limit)
-    server = await serve_instance(instance.client, listening)  # the server's describe, queued meanwhile, answered
+    # Reset as before every episode, here rather than at its lease: the round trip saved. An environment without
+    # a reset, or whose reset fails, is left to the lease, which says so to the seed as before.
+    try:
+        await instance.client.clear()
+        reset = True
+    except DataPlaneError:
+        reset = False
+    server = await serve_instance(instance.client, listening, reset=reset)  # the describe queued meanwhile answered
     await stop.wait()
     server.close()
     await stop_in_process(instance)
