@@ -103,6 +103,7 @@ class Pool:
                     f"(names and tool sets {sorted({catalog.identity for catalog in catalogs})})"
                 )
             hidden = await self.instances[0].client.hidden_tools(catalogs[0])
+            self.instances[0].cleared = False  # that opened a session on it: the environment's code ran
         except BaseException:
             await self.stop()
             raise

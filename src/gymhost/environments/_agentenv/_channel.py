@@ -124,7 +124,7 @@ class _Framed(asyncio.Protocol):
 # -- the server's side ---------------------------------------------------------------------------------------------
 
 
-_READING = frozenset({"ready", "describe", "hidden_tools", "state"})  # what leaves an instance as it was
+_READING = frozenset({"ready", "describe", "state"})  # what leaves an instance as it was (hidden_tools opens a session)
 
 
 class Copies:
@@ -154,20 +154,24 @@ class ChannelClient:
         self._sessions = itertools.count(1)
         self.ended_by: InstanceLimitError | None = None  # the limit the instance said it reached, as it ended
         # The instance reset its environment as it started, and nothing has been asked of it since: the pool's
-        # clear before its first episode is already done (``_template``).
+        # clear before its first episode is already done (``_template``). Once anything else was asked, never again.
         self._reset = False
+        self._touched = False
         self._closed: asyncio.Event | None = None  # set when the connection ends
 
     async def describe(self) -> Catalog:
         copies = self._copies
         if copies is not None and copies.catalog is not None:
-            self._reset = bool(await self.call("ready"))
+            reset = await self.call("ready")
+            self._reset = reset is True and not self._touched
             return copies.catalog
-        catalog, reset = await self.call("describe")
-        self._reset = bool(reset)
+        answer = await self.call("describe")
+        if not (isinstance(answer, tuple) and len(answer) == 2 and isinstance(answer[0], Catalog)):
+            raise MalformedReplyError(f"{self.base_url}: describe answered {type(answer).__name__}, not a catalog")
+        catalog: Catalog = answer[0]
+        self._reset = answer[1] is True and not self._touched
         if copies is not None:
             copies.catalog = catalog
-        assert isinstance(catalog, Catalog)
         return catalog
 
     async def hidden_tools(self, catalog: Catalog) -> set[str]:
@@ -176,7 +180,7 @@ class ChannelClient:
 
     async def clear(self) -> None:
         if self._reset:  # reset as it started, untouched since
-            self._reset = False
+            self._reset, self._touched = False, True
             return
         await self.call("clear")
 
@@ -208,7 +212,7 @@ class ChannelClient:
         if self.ended_by is not None:
             raise InstanceLimitError(str(self.ended_by), kind=self.ended_by.kind)
         if operation not in _READING:
-            self._reset = False
+            self._reset, self._touched = False, True
         protocol = await self._connected()
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

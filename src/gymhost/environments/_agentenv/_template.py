@@ -59,13 +59,16 @@ from ..._confinement import (
     watch,
 )
 from ..._sessions._identity import die_with_parent
-from .._errors import DataPlaneError, StartupError
+from .._errors import StartupError
 from ._channel import end_for_limit, listen_at, serve_instance
 from ._construct_once import constructed_once
 from ._forking import CONFINE, CONSTRUCT_EACH, PIDFDS, SERVE, SERVER_PID, SPAWNED, TEMPLATE_READY
 from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, host_in_process, load_environment_class, stop_in_process
 from ._schema_cache import install as install_schema_cache
 
+# The reset an instance runs as it starts, at most this long: past it, the lease's clear (with the data plane's
+# limit) does it, and says what went wrong.
+_START_RESET_S = 30.0
 _USAGE = (
     "usage: python -m gymhost.environments._agentenv._template BUNDLE "
     f"({PIDFDS} FD [{CONSTRUCT_EACH}] | {SERVE} SOCKET_PATH) [{CONFINE} RULES]"
@@ -225,9 +228,10 @@ async def _instance(environment: type[Any] | Constructed, listening: socket.sock
     # Reset as before every episode, here rather than at its lease: the round trip saved. An environment without
     # a reset, or whose reset fails, is left to the lease, which says so to the seed as before.
     try:
-        await instance.client.clear()
+        await asyncio.wait_for(instance.client.clear(), _START_RESET_S)
         reset = True
-    except DataPlaneError:
+    except Exception as error:  # the lease clears it, and tells the seed what goes wrong then
+        print(f"gymhost: environment instance {os.getpid()}: its reset as it started: {error!r}", file=sys.stderr)
         reset = False
     server = await serve_instance(instance.client, listening, reset=reset)  # the describe queued meanwhile answered
     await stop.wait()
