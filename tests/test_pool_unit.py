@@ -209,6 +209,9 @@ class FakeProcess:
         self.paused = True
         return True
 
+    def exited_now(self) -> bool:
+        return self.killed
+
     def kill(self) -> None:
         self.killed = True
 

@@ -151,16 +151,20 @@ class Pool:
         """An instance on a clean slate, waiting up to ``lease_timeout_s`` for one (started on demand, up to the
         maximum), or until ``deadline`` (``lease_deadline``): the backpressure a full pool puts on seeds.
 
-        An instance this pool started that is cleared already (one that reset itself as it started, or one cleared as
-        its last episode gave it back) is leased as it is: one that died meanwhile is retired as its launcher hears
-        of it, and one that dies under the seed is replaced by the seed (``Episodes``). Any other is cleared here (an
-        instance at a URL, which others may reach, always is): one that does not answer its clearing is replaced and
-        the lease takes another, so a fault between episodes costs no episode; one that answers it with something
-        else than success is released as that failure says, and the error raised.
+        An instance this pool started that is cleared already (one that reset itself as it started, or one cleared
+        as its last episode gave it back) is leased as it is: one whose process has exited is passed over (its
+        launcher's watch retires it too), and one that dies under the seed is replaced by the seed (``Episodes``).
+        Any other is cleared here (an instance at a URL, which others may reach, always is): one that does not answer
+        its clearing is replaced and the lease takes another, so a fault between episodes costs no episode; one that
+        answers it with something else than success is released as that failure says, and the error raised.
         """
         deadline = self.lease_deadline() if deadline is None else deadline
         while True:
             instance = await self._take(deadline)
+            if instance.process is not None and instance.process.exited_now():  # died free; its watch not yet run
+                instance.leased = False
+                self._retire(instance)
+                continue
             cleared, instance.cleared = instance.cleared, False  # leased: its episode's from now on
             if cleared and self.launcher.owns_instances:
                 return instance
