@@ -3,7 +3,9 @@
 Time to ready: from `podman run` to the first 200 of `/readyz` (the Kubernetes recipe's readiness probe), polled every
 20 ms, for an installed Gym server by name and for the written gridsim folder mounted at run time (its pool's first
 instances started), five starts each, as the container tier runs it (runc, host network, read-only root file
-system, user 10001). Writes results/<date>-image.json and prints the table for README.md.
+system, user 10001); and, once ready, the resident memory of the container's processes (their proportional set
+sizes: a page the template and its instances share counts once). Writes results/<date>-image.json and prints the
+table for README.md.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ def limits() -> list[str]:
     return ["--ulimit", f"nofile={hard}:{hard}", "--ulimit", "nproc=4096:4096"]
 
 
-def time_to_ready(options: list[str], arguments: list[str]) -> float:
+def time_to_ready(options: list[str], arguments: list[str]) -> tuple[float, float]:
+    """Seconds from ``podman run`` to ready, and the MB the container's processes hold then."""
     port, name = free_port(), f"gymhost-bench-{uuid.uuid4().hex[:8]}"
     command = [*PODMAN, "run", "-d", "--name", name, "--network", "host", "--read-only", *limits(), *options]
     command += ["-e", "GYMHOST_TOKEN=bench", IMAGE, *arguments, f"--port={port}"]
@@ -50,14 +53,34 @@ def time_to_ready(options: list[str], arguments: list[str]) -> float:
         while True:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=5).status_code == 200:
-                    return time.perf_counter() - started
+                    ready = time.perf_counter() - started
+                    break
             except httpx.TransportError:
                 pass
             if time.perf_counter() - started > 180:
                 raise RuntimeError(subprocess.run([*PODMAN, "logs", name], capture_output=True, text=True).stderr)
             time.sleep(0.02)
+        inspect = [*PODMAN, "inspect", name, "--format", "{{.State.Pid}}"]
+        return ready, tree_pss_mb(int(subprocess.run(inspect, capture_output=True, text=True, check=True).stdout))
     finally:
         subprocess.run([*PODMAN, "rm", "-f", "-t", "0", name], capture_output=True, check=False)
+
+
+def tree_pss_mb(pid: int) -> float:
+    """The proportional set size of a process and its descendants, in MB."""
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        children = []
+        for parent in frontier:
+            for task in Path(f"/proc/{parent}/task").iterdir():
+                children += [int(child) for child in (task / "children").read_text().split()]
+        tree.update(children)
+        frontier = children
+    total = 0
+    for member in tree:
+        rollup = Path(f"/proc/{member}/smaps_rollup").read_text()
+        total += next(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:"))
+    return total / 1024
 
 
 def main() -> None:
@@ -74,22 +97,27 @@ def main() -> None:
         subprocess.run(["chmod", "-R", "a+rX", work], check=True)
         cases = {
             "installed Gym server by name (example_single_tool_call)": ([], ["example_single_tool_call"]),
+            "the same, --workers=2": ([], ["example_single_tool_call", "--workers=2"]),
             "written gridsim folder, mounted": (["-v", f"{folder}:/srv/gym:ro", "-e", "GYMHOST_FOLDER=/srv/gym"], []),
         }
-        results = {case: [time_to_ready(*given) for _ in range(STARTS)] for case, given in cases.items()}
+        starts = {case: [time_to_ready(*given) for _ in range(STARTS)] for case, given in cases.items()}
+    results = {case: [ready for ready, _ in runs] for case, runs in starts.items()}
+    memory = {case: [round(mb, 1) for _, mb in runs] for case, runs in starts.items()}
     record = {
         "date": datetime.date.today().isoformat(),
         "image": IMAGE,
         "size_bytes": size,
         "cores": os.cpu_count(),
         "time_to_ready_s": results,
+        "ready_pss_mb": memory,
     }
     out = HERE / "results" / f"{record['date']}-image.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"image {IMAGE}: {size / 1e9:.2f} GB\n")
-    print("| served | time to ready, median (min-max) of 5 starts |\n|---|---|")
+    print("| served | time to ready, median (min-max) of 5 starts | memory once ready (PSS), median |\n|---|---|---|")
     for case, times in results.items():
-        print(f"| {case} | {statistics.median(times):.2f} s ({min(times):.2f}-{max(times):.2f}) |")
+        ready = f"{statistics.median(times):.2f} s ({min(times):.2f}-{max(times):.2f})"
+        print(f"| {case} | {ready} | {statistics.median(memory[case]):.0f} MB |")
 
 
 if __name__ == "__main__":
