@@ -57,7 +57,7 @@ new_venv = rm -rf $(1) && $(UV) venv --quiet --python $(2) $(1)
 # uv_install DIR ARGS: uv pip install ARGS into the venv at DIR.
 uv_install = $(UV) pip install --quiet --python $(1)/bin/python
 
-.PHONY: test test-tiers check venvs system-packages test-lowest test-replay-gym04 test-replay-gym07 test-verifiers-gym04 test-verifiers-gym07 lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-startup bench-request-profile bench-layers bench-process-mode bench-confinement bench-confined-server clean check-pythons check-py312 check-py313
+.PHONY: test test-tiers check venvs system-packages test-lowest test-replay-gym04 test-replay-gym07 test-replay-image test-verifiers-gym04 test-verifiers-gym07 lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-startup bench-request-profile bench-layers bench-process-mode bench-confinement bench-confined-server clean check-pythons check-py312 check-py313
 
 check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -79,6 +79,16 @@ check-pythons: check-py312 check-py313
 .venv-gym07/.installed: pyproject.toml | $(UV) check-py313
 	$(call new_venv,.venv-gym07,$(PY313))
 	$(call uv_install,.venv-gym07) --python-version 3.13.14 -e '.[dev,nemo-gym]' nemo-gym==$(GYM07)
+	touch $@
+
+# nemo-gym as the image installs it: without its dependencies, and beside it only the requirements serving imports
+# (deploy/container/serving_requirements.py). The replay tier run here (test-replay-image) shows that what the image
+# leaves out changes no folder's play: each plays its recorded rewards, or fails to build naming what it lacks.
+.venv-image/.installed: pyproject.toml deploy/container/serving_requirements.py | $(UV) check-py313
+	$(call new_venv,.venv-image,$(PY313))
+	$(call uv_install,.venv-image) --python-version 3.13.14 --no-deps nemo-gym==$(GYM07)
+	.venv-image/bin/python deploy/container/serving_requirements.py --installed > .venv-image/serving.txt
+	$(call uv_install,.venv-image) --python-version 3.13.14 -e . -r .venv-image/serving.txt pytest pytest-xdist
 	touch $@
 
 lint: .venv/.installed
@@ -114,7 +124,7 @@ AGENTENV := GYMHOST_AGENT_ENV_PYTHON=$(CURDIR)/.venv-agentenv/bin/python
 # Every venv the tiers use, built four at a time (installing is mostly waiting on the package index).
 VENVS := .venv/.installed .venv-gym04/.installed .venv-gym07/.installed .venv-openenv/.installed \
 	.venv-agentenv/.installed .venv-verifiers/.installed .venv-manifests/.installed .venv-lowest/.installed \
-	.venv-lowest-gym/.installed
+	.venv-lowest-gym/.installed .venv-image/.installed
 venvs:
 	$(MAKE) -j4 --output-sync=target $(VENVS)
 
@@ -163,11 +173,14 @@ test-verifiers-gym07: .venv-gym07/.installed .venv-openenv/.installed .venv-agen
 # gymhost and held to the recorded rewards, on each nemo-gym version; folders whose requirements these venvs lack are
 # served from venvs of their own, built with uv. Two at a time, test by test: most of a folder's time is its venv's
 # build and its server's start, which overlap well.
-test-replay: test-replay-gym04 test-replay-gym07
+test-replay: test-replay-gym04 test-replay-gym07 test-replay-image
 test-replay-gym04: .venv-gym04/.installed
 	$(TIMED) replay-gym04 -- .venv-gym04/bin/pytest -n 2 --dist load -m replay
 test-replay-gym07: .venv-gym07/.installed
 	$(TIMED) replay-gym07 -- .venv-gym07/bin/pytest -n 2 --dist load -m replay
+test-replay-image: .venv-image/.installed
+	$(TIMED) replay-image -- env GYMHOST_REPLAY_SET=image .venv-image/bin/pytest -n 2 --dist load -m replay \
+		-k test_a_folder_as_installed
 
 # The soak tier: many episodes with injected faults, bounded in time and count; once, on the current nemo-gym.
 test-soak: .venv-gym07/.installed
@@ -281,7 +294,7 @@ test: | check-pythons
 # Three at a time, the two nemo_gym tiers together, was no faster: 30:50 against 30:44, with 2 CPU-minutes more
 # spent on contention (docs/architecture.md). make test's closing table says how long each took.
 test-tiers: test-gym07 test-container test-soak test-replay-gym07 test-verifiers-gym07 test-gym04 test-replay-gym04 \
-	test-verifiers-gym04 test-cluster test-lowest test-unit test-wheel typecheck test-manifests lint docs
+	test-verifiers-gym04 test-replay-image test-cluster test-lowest test-unit test-wheel typecheck test-manifests lint docs
 
 # The task format's JSON Schema is generated from its models; a unit test keeps the committed file current.
 schema: .venv/.installed

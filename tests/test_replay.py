@@ -15,6 +15,12 @@ verifier changed since the recording, a recording that lost a turn), and for tho
 launcher (``python app.py`` with the config in ``NEMO_GYM_CONFIG_DICT``) answers the same replay the same way, or it
 is a defect. Replays run from a writable copy of the installed Gym root, since some servers write into their folder.
 The README's table of what the folders need is this tier's (``test_the_readme_table_is_the_manifests``).
+
+Run with ``GYMHOST_REPLAY_SET=image`` (``make test-replay-image``), the folders as installed are replayed in a venv
+of the image's set: nemo-gym without its dependencies, beside the requirements serving imports
+(``deploy/container/serving_requirements.py``). Each plays as in the full install, or, listed with ``image_lacks``,
+fails to build naming what the image leaves out; Gym's own launcher, which needs Hydra and Ray, is compared in the
+full install's run only.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gymhost import create_app
+from gymhost import FolderError, create_app
 from gymhost._hosting._lifespan import running_lifespan
 
 from .conftest import REPO
@@ -69,6 +75,7 @@ def _manifest() -> dict[str, dict[str, Any]]:
 
 
 MANIFEST = _manifest()
+IMAGE_SET = os.environ.get("GYMHOST_REPLAY_SET") == "image"
 
 
 def folders(*needs: str) -> list[str]:
@@ -125,6 +132,10 @@ def hold_to_recording(name: str, played: list[Replayed]) -> None:
 @pytest.mark.parametrize("name", folders("as_installed"))
 async def test_a_folder_as_installed_replays_its_recorded_rewards(name: str, gym_root: Path) -> None:
     folder = gym_root / "resources_servers" / name
+    if IMAGE_SET and "image_lacks" in MANIFEST[name]:
+        with pytest.raises(FolderError, match=f"No module named '{MANIFEST[name]['image_lacks']}'"):
+            create_app(folder, **MANIFEST[name].get("set", {}))
+        return
     app = create_app(folder, **MANIFEST[name].get("set", {}))
     paths = {
         getattr(route, "path", "") for route in app.router.routes if "POST" in (getattr(route, "methods", None) or ())
@@ -137,7 +148,7 @@ async def test_a_folder_as_installed_replays_its_recorded_rewards(name: str, gym
 
         played = await replay(client, folder, plays_gymnasium(paths), _verifier_fields(app))
     hold_to_recording(name, played)
-    if MANIFEST[name].get("gym_launcher"):
+    if MANIFEST[name].get("gym_launcher") and not IMAGE_SET:
         assert [row.reward for row in played] == [row.reward for row in await under_gym_launcher(folder)], (
             f"{name}: Gym's own launcher answers the replay differently from gymhost"
         )
