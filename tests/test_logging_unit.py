@@ -1,6 +1,7 @@
 """Building a FastMCP app inside ``fastmcp_leaves_logging_alone`` leaves the root logger as the host set it, whether
-mcp was imported before the context or inside it, and a context in which nothing builds one does not import mcp:
-each case in a fresh interpreter, where mcp's import state is its own."""
+mcp was imported before the context or inside it; a context in which nothing builds one does not import mcp; a
+server's own ``basicConfig`` inside it still takes effect. Each case in a fresh interpreter, where mcp's import state
+and the root logger are its own."""
 
 from __future__ import annotations
 
@@ -52,3 +53,13 @@ def test_fastmcp_built_outside_the_context_configures_logging_as_before() -> Non
     code += "print(len(logging.getLogger().handlers))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.stdout.strip() == "1", result.stderr
+
+
+def test_a_servers_own_basic_config_inside_the_context_still_takes_effect() -> None:
+    code = (
+        "import logging\nfrom gymhost._logging import fastmcp_leaves_logging_alone\n"
+        "with fastmcp_leaves_logging_alone():\n    logging.basicConfig(level=logging.DEBUG)\n"
+        "print(len(logging.getLogger().handlers), logging.getLogger().level)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["1", str(10)], result.stderr

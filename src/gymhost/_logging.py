@@ -12,71 +12,36 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
-from types import ModuleType
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["JsonFormatter", "RateLimitedWarning", "fastmcp_leaves_logging_alone", "logging_config"]
 
 
-_FASTMCP_SERVER = "mcp.server.fastmcp.server"
+_FASTMCP_LOGGING = "mcp.server.fastmcp.utilities.logging"  # its configure_logging calls basicConfig
 
 
 @contextlib.contextmanager
 def fastmcp_leaves_logging_alone() -> Iterator[None]:
-    """FastMCP's ``configure_logging`` a no-op while this lasts, whether its module is imported already or is
-    imported inside the context; the context never imports it itself: a Gym server that builds no FastMCP app (most
-    do not) would pay mcp's import, a fifth of a second, at every start for nothing."""
-    restore: list[Callable[[], None]] = []
+    """While this lasts, ``logging.basicConfig`` called from FastMCP's ``configure_logging`` does nothing; called
+    from anywhere else (a Gym server's own code), it does what it always does. FastMCP itself is not imported for
+    it: a Gym server that builds no FastMCP app (most do not) would pay mcp's import, a fifth of a second, at every
+    start for nothing; and no import hook is needed, which would have to be safe under every importer's threads."""
+    original = logging.basicConfig
 
-    def patch(module: ModuleType) -> None:
-        original = module.configure_logging
-        module.configure_logging = lambda *args, **kwargs: None  # type: ignore[attr-defined]
-        restore.append(lambda: setattr(module, "configure_logging", original))
+    def basic_config(**kwargs: Any) -> None:
+        if sys._getframe(1).f_globals.get("__name__") != _FASTMCP_LOGGING:
+            original(**kwargs)
 
-    finder = None
-    if _FASTMCP_SERVER in sys.modules:
-        patch(sys.modules[_FASTMCP_SERVER])
-    else:
-        finder = _WhenImported(_FASTMCP_SERVER, patch)
-        sys.meta_path.insert(0, finder)
+    logging.basicConfig = basic_config
     try:
         yield
     finally:
-        if finder in sys.meta_path:
-            sys.meta_path.remove(finder)
-        for undo in restore:
-            undo()
-
-
-class _WhenImported(importlib.abc.MetaPathFinder):
-    """Runs ``then`` on the module ``name`` once its import has executed it, before anyone uses it; once."""
-
-    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
-        self._name, self._then = name, then
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self._name:
-            return None
-        sys.meta_path.remove(self)  # found by the finders that follow, as it would have been
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            loader, then = spec.loader, self._then
-            execute = loader.exec_module
-
-            def exec_module(module: ModuleType) -> None:
-                execute(module)
-                then(module)
-
-            loader.exec_module = exec_module  # type: ignore[method-assign]  # this spec's own loader, made for it
-        return spec
+        logging.basicConfig = original
 
 
 _RECORD_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {

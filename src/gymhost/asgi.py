@@ -23,7 +23,7 @@ from ._config import (
 )
 from ._exceptions import FolderError, GymhostError
 from ._serving._foreign_workers import refuse_foreign_workers
-from ._serving._run import freeze_imported_heap, hold_collection
+from ._serving._run import held_collection
 from ._serving._server import Server
 from ._sessions._signing import describe_secret
 
@@ -50,7 +50,5 @@ def _app_from_environment() -> object:
         raise SystemExit(f"gymhost: {ENV_VAR}={' '.join(folders)}: {error}{note}") from None
 
 
-hold_collection()
-app = _app_from_environment()
-
-freeze_imported_heap()
+with held_collection():  # what the build makes frozen as it ends
+    app = _app_from_environment()

@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import uvicorn
@@ -38,7 +38,7 @@ __all__ = [
     "bind_socket",
     "bind_unix_socket",
     "freeze_imported_heap",
-    "hold_collection",
+    "held_collection",
     "inherited_socket",
     "is_loopback",
     "run_app",
@@ -46,34 +46,32 @@ __all__ = [
 ]
 
 
-def hold_collection() -> None:
-    """The garbage collector off while the app is built, until ``freeze_imported_heap``: the imports create
-    hundreds of thousands of objects that live as long as the server, and collecting as they are created walks them
-    again and again, a tenth of a start's CPU (benchmarks/README.md, "The image")."""
-    global _held
-    _held = gc.isenabled()
-    gc.disable()
-
-
 def freeze_imported_heap() -> None:
-    """Move everything alive now out of the garbage collector's sight, once the app is built, and turn the
-    collector back on if ``hold_collection`` turned it off.
+    """Move everything alive now out of the garbage collector's sight, once the app is built.
 
     What the imports created (nemo-gym imports Ray, MLflow, OpenAI and more: millions of objects) lives as long as
     the server; frozen, the collector stops walking it on every collection, which dominated the tail latency
-    (benchmarks/README.md, "What made it fast"), and a forked worker shares those pages with its siblings instead of
-    writing to them. ``gymhost serve``, its workers' supervisor before it forks them, and ``asgi.py`` call this
-    after building their app.
+    (benchmarks/README.md, "What made it fast"), and workers forked after it share those pages instead of writing
+    to them. ``gymhost serve`` and ``asgi.py`` call this after building their app (``held_collection``).
     """
-    global _held
     gc.collect()
     gc.freeze()
-    if _held:
-        gc.enable()
-        _held = False
 
 
-_held = False
+@contextlib.contextmanager
+def held_collection() -> Iterator[None]:
+    """Build an app with the garbage collector off, and freeze what the build made once it is built: the imports
+    create hundreds of thousands of objects that live as long as the server, and collecting as they are made walked
+    them again and again, a tenth of a start's CPU (benchmarks/README.md, "The image"). The collector is on again
+    afterwards, whether the build succeeded or raised, if it was on before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+        freeze_imported_heap()
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def bind_socket(host: str, port: int, backlog: int = ServeConfig.backlog) -> socket.socket:

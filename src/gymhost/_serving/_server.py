@@ -238,14 +238,14 @@ class Server:
 
     def _serve(self, target: Target, sock: socket.socket, workers_folder: Path | None) -> None:
         from .._logging import logging_config
-        from ._run import hold_collection, run_app, url_of
+        from ._run import held_collection, run_app, url_of
         from ._workers import serve_workers
 
         config = self.config
         # What building the app logs (the env.yaml it read, say) is said as serving will say it.
         logging.config.dictConfig(logging_config(config.log_format, config.log_level))
-        hold_collection()  # until run_app, or the workers' supervisor, freezes what the build made
-        app = self._build(target, sock.getsockname()[:2] if config.uds is None else None)
+        with held_collection():  # what the build makes frozen as it ends, before any worker is forked
+            app = self._build(target, sock.getsockname()[:2] if config.uds is None else None)
         self.say(f"serving {target.name} at {url_of(sock)}{self._mounts(target, app)}")
         self.say(self._secret)
         if workers_folder is not None:

@@ -46,7 +46,7 @@ from .._metrics import share_metrics
 from .._scratch import remove_orphaned, scratch_folder
 from .._sessions._identity import process_state
 from .._sessions._signing import process_secret
-from ._run import bind_unix_socket, freeze_imported_heap
+from ._run import bind_unix_socket
 
 __all__ = ["prepare_workers", "serve_workers"]
 
@@ -76,7 +76,6 @@ def serve_workers(
         # The kernel wakes an accept only once the request has arrived: the hand-off reads its owner at once,
         # instead of each worker waiting, connection by connection, for its head (``_handoff``).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 1)
-    freeze_imported_heap()  # before the forks: the workers share the built app's pages, and so does this process
     _Supervisor(app, sock, config, workers, folder, run).run()
 
 
