@@ -162,3 +162,24 @@ def test_the_reference_names_every_variable_hosted_code_is_given() -> None:
 
     reference = (REPO / "docs" / "reference" / "cli.md").read_text()
     assert not [name for name in sorted(PASSED) if f"`{name}`" not in reference]
+
+
+@pytest.mark.parametrize(("typed", "nearest"), [("top", None), ("serv", "serve"), ("lsit", "list")])
+def test_a_mistyped_command_says_so_and_exits_2(typed: str, nearest: str | None) -> None:
+    result = CliRunner().invoke(main, [typed, "--help"])
+    assert result.exit_code == 2, result.output
+    assert f"No such command '{typed}'" in result.output
+    assert "Write ROOT/resources_servers" not in result.output  # not write's help
+    if nearest is not None:
+        assert f"Did you mean '{nearest}'" in result.output
+
+
+def test_a_source_as_the_first_argument_still_runs_write(tmp_path: Path) -> None:
+    """An existing folder, a path that does not exist, a URL, or write's options first: all go to write, whose own
+    errors say what is wrong with them."""
+    folder = tmp_path / "bundle"
+    folder.mkdir()
+    for first in ([str(folder)], [str(tmp_path / "missing")], ["./missing"], ["http://127.0.0.1:9/"], ["--name", "x"]):
+        result = CliRunner().invoke(main, [*first, "--help"])
+        assert result.exit_code == 0, (first, result.output)
+        assert "Write ROOT/resources_servers" in result.output, (first, result.output)

@@ -7,6 +7,8 @@ the install hint work in an environment without it.
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from .._version import __version__
@@ -19,13 +21,22 @@ __all__ = ["main"]
 
 
 class _WriteByDefault(click.Group):
-    """``gymhost SOURCE ROOT`` means ``gymhost write SOURCE ROOT``: a first argument that is not a command (or
-    the group's own --help/--version) is handed to ``write``, options before SOURCE included."""
+    """``gymhost SOURCE ROOT`` means ``gymhost write SOURCE ROOT``: a first argument that is a source (a URL, an
+    existing path, or one written as a path) or an option of ``write``'s is handed to ``write``. Any other word is
+    a mistyped command: click's "No such command", with the nearest command's name, and exit status 2 (``gymhost
+    top --help`` printed ``write``'s help and exited 0)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("-h", "--help", "--version"):
-            args = ["write", *args]
+        first = args[0] if args else None
+        if first and first not in self.commands and first not in ("-h", "--help", "--version"):
+            args = ["write", *args] if _a_source_or_an_option(first) else args
         return super().parse_args(ctx, args)
+
+
+def _a_source_or_an_option(argument: str) -> bool:
+    return (
+        argument.startswith(("-", ".", "~", "/")) or "://" in argument or os.sep in argument or os.path.exists(argument)
+    )
 
 
 @click.group(cls=_WriteByDefault, context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,7 +44,7 @@ class _WriteByDefault(click.Group):
 def main() -> None:
     """Serve NeMo Gym resources servers on their own, and write agent environments as Gym servers.
 
-    A first argument that is not a command runs `write`: `gymhost SOURCE ROOT`.
+    A first argument that is a source (a URL or a path) runs `write`: `gymhost SOURCE ROOT`.
     """
 
 
