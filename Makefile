@@ -180,7 +180,7 @@ test-replay-gym07: .venv-gym07/.installed
 	$(TIMED) replay-gym07 -- .venv-gym07/bin/pytest -n 2 --dist load -m replay
 test-replay-image: .venv-image/.installed
 	$(TIMED) replay-image -- env GYMHOST_REPLAY_SET=image .venv-image/bin/pytest -n 2 --dist load -m replay \
-		-k test_a_folder_as_installed
+		-k test_a_folder_as_installed tests/test_replay.py
 
 # The soak tier: many episodes with injected faults, bounded in time and count; once, on the current nemo-gym.
 test-soak: .venv-gym07/.installed
