@@ -150,6 +150,7 @@ test-unit: .venv/.installed
 	bash tests/manifests/setup.sh .venv-manifests $(PY312) $(UV)
 
 test-manifests: .venv-manifests/.installed
+	@$(NEED) promtool=prometheus
 	$(TIMED) manifests -- .venv-manifests/bin/pytest tests/test_manifests.py -m manifests
 
 test-gym04: .venv-gym04/.installed .venv-openenv/.installed .venv-agentenv/.installed

@@ -3,8 +3,9 @@
 Kubernetes' core kinds against the API's schemas (kubernetes-validate, strict: unknown fields are errors), the
 HTTPRoute against Gateway API's (a strict schema generated from @kubernetes-models/gateway-api's types, and that
 package's own validators, in node), Envoy's config as a v3 Bootstrap (envoy-data-plane); then the Deployment's settings
-against each other and against gymhost. The tools live in a venv of their own with node's beside it, built by
-tests/manifests/setup.sh: run this tier with `make test-manifests`.
+against each other and against gymhost; the Prometheus alerting rules with promtool (Debian's `prometheus`): checked,
+and unit-tested on series that should and should not fire each. The tools live in a venv of their own with node's
+beside it, built by tests/manifests/setup.sh: run this tier with `make test-manifests`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ pytestmark = [
 REPO = Path(__file__).resolve().parent.parent
 KUBERNETES = REPO / "deploy" / "kubernetes" / "gymhost.yaml"
 ENVOY = REPO / "deploy" / "envoy" / "envoy.yaml"
+ALERTS = REPO / "deploy" / "prometheus" / "gymhost-alerts.yaml"
 SOURCES = REPO / "tests" / "manifests"
 TOOLS = Path(sys.prefix)  # the venv setup.sh built
 NODE = TOOLS / "node"
@@ -160,6 +162,29 @@ def test_kubernetes_manifests_validate() -> None:
     assert docs, f"{KUBERNETES} has no documents"
     failures = {f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}": kubernetes_errors(doc) for doc in docs}
     assert not any(failures.values()), "\n".join(f"{name}: {e}" for name, errors in failures.items() for e in errors)
+
+
+def test_alert_rules_are_valid_and_fire_on_what_they_should_only() -> None:
+    """``promtool check rules``, then ``promtool test rules`` (gymhost-alerts.test.yaml: for each rule, series that
+    should fire it and series that should not, with the labels and annotations each alert carries)."""
+    promtool = shutil.which("promtool")
+    assert promtool is not None, "promtool (Debian's prometheus) is needed: make test-manifests installs it"
+    for command in ("check", "test"):
+        target = ALERTS if command == "check" else ALERTS.with_suffix(".test.yaml")
+        result = subprocess.run([promtool, command, "rules", target.name], cwd=ALERTS.parent, capture_output=True,
+                                text=True, timeout=120)  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "SUCCESS" in result.stdout + result.stderr
+
+
+def test_every_alert_has_a_runbook_in_the_docs() -> None:
+    rules = [rule for group in _load_all(ALERTS)[0]["groups"] for rule in group["rules"]]
+    operating = (REPO / "docs" / "operating.md").read_text()
+    assert len(rules) >= 6
+    for rule in rules:
+        anchor = rule["annotations"]["runbook"].partition("#")[2]
+        assert anchor == rule["alert"].lower(), rule["annotations"]["runbook"]
+        assert f"### {rule['alert']}" in operating, f"docs/operating.md has no runbook for {rule['alert']}"
 
 
 def test_envoy_config_is_a_v3_bootstrap() -> None:

@@ -316,6 +316,29 @@ def test_every_query_of_the_grafana_dashboard_names_an_exported_metric() -> None
         assert names <= exported, f"{expression}: {sorted(names - exported)} is not exported"
 
 
+def test_every_alert_rule_names_exported_metrics_with_their_labels() -> None:
+    """deploy/prometheus/gymhost-alerts.yaml's expressions name metrics gymhost exports (besides Prometheus' ``up``
+    and kube-state-metrics' pod readiness), and the label values they select are ones gymhost writes."""
+    import re
+
+    import yaml
+
+    from gymhost._metrics import exported_names
+
+    from .conftest import REPO
+
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "gymhost-alerts.yaml").read_text())["groups"][0]["rules"]
+    exported = exported_names()
+    for rule in rules:
+        names = set(re.findall(r"\b((?:gymhost|http_server)_[a-z_]+)\b", rule["expr"]))
+        assert names or re.search(r"\b(up|kube_pod_status_ready)\{", rule["expr"]), rule["expr"]
+        assert names <= exported, f"{rule['alert']}: {sorted(names - exported)} is not exported"
+    written = {"outcome": {"masked", "rewarded", "closed"}, "why": {"owner_gone", "another_secret"}}
+    for rule in rules:
+        for label, value in re.findall(r'\b(outcome|why)="([a-z_]+)"', rule["expr"]):
+            assert value in written[label], f"{rule['alert']}: {label}={value!r} is never written"
+
+
 def test_every_gymhost_metric_has_labels_so_workers_export_it() -> None:
     """``share_metrics`` switches prometheus_client to multiprocess mode after gymhost's metrics are defined; a
     metric without labels has its value made at definition, in memory, and ``/metrics`` under ``--workers`` would
