@@ -301,6 +301,39 @@ def test_deployment_outlasts_its_drain() -> None:
     assert pod["terminationGracePeriodSeconds"] > drain, f"the grace period must exceed {drain}s"
 
 
+def test_the_autoscaler_and_the_disruption_budget_govern_the_deployment() -> None:
+    """The HorizontalPodAutoscaler scales the Deployment, which leaves its replica count to it; the budget selects its
+    pods; a scale-in removes one replica at a time, no faster than a replica drains; the episodes metric it reads is
+    the one prometheus-adapter serves and gymhost exports."""
+    deployment, autoscaler, budget = _one("Deployment"), _one("HorizontalPodAutoscaler"), _one("PodDisruptionBudget")
+    assert autoscaler["spec"]["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": deployment["metadata"]["name"],
+    }
+    assert "replicas" not in deployment["spec"], "kubectl apply would reset the autoscaler's count"
+    assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+    assert budget["spec"]["maxUnavailable"] == 1
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    down = autoscaler["spec"]["behavior"]["scaleDown"]["policies"]
+    assert all(policy["type"] == "Pods" and policy["value"] == 1 for policy in down)
+    assert all(policy["periodSeconds"] >= grace for policy in down), "a replica removed before the last one drained"
+    pods_metrics = [
+        metric["pods"]["metric"]["name"] for metric in autoscaler["spec"]["metrics"] if metric["type"] == "Pods"
+    ]
+    adapter = _load_all(REPO / "deploy" / "prometheus" / "adapter-rules.yaml")[0]["rules"]
+    served = {rule["name"]["as"] for rule in adapter}
+    assert pods_metrics
+    assert set(pods_metrics) <= served
+    exported = (REPO / "src" / "gymhost" / "_metrics.py").read_text()
+    assert all(f'"{name}"' in exported for name in pods_metrics), (
+        "the autoscaler reads a metric gymhost does not export"
+    )
+    assert {"cpu"} <= {
+        metric["resource"]["name"] for metric in autoscaler["spec"]["metrics"] if metric["type"] == "Resource"
+    }
+
+
 def test_deployment_probes() -> None:
     container = _container(_one("Deployment"))
     ports = {port.get("name") for port in container["ports"]} | {port["containerPort"] for port in container["ports"]}
