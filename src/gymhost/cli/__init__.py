@@ -15,6 +15,7 @@ from .._version import __version__
 from ._check import check
 from ._list import list_servers
 from ._serve import serve
+from ._top import top
 from ._write import write
 
 __all__ = ["main"]
@@ -48,5 +49,5 @@ def main() -> None:
     """
 
 
-for _command in (serve, list_servers, write, check):
+for _command in (serve, list_servers, write, check, top):
     main.add_command(_command)
