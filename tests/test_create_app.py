@@ -66,6 +66,23 @@ async def test_sessions_are_kept_apart_by_cookie(gym_root: Path) -> None:
         assert (await stranger.verify(row))["reward"] == 0.0
 
 
+async def test_an_installed_servers_name_builds_it_as_serve_does() -> None:
+    """``create_app("example_single_tool_call")``, as ``gymhost serve example_single_tool_call`` and
+    ``GYMHOST_FOLDER`` take it; a name nemo-gym does not ship says so, with the nearest."""
+    from gymhost import FolderError
+
+    app = create_app("example_single_tool_call")
+    assert app.state.gymhost.spec.folder.name == "example_single_tool_call"
+    async with running(app) as transport:
+        episode = EpisodeClient(BASE, transport=transport)
+        row = {"responses_create_params": {"input": "Weather in SF?"}}
+        await episode.seed(row)
+        await episode.call_tool("get_weather", {"city": "SF"})
+        assert (await episode.verify(row, "cold"))["reward"] == 1.0
+    with pytest.raises(FolderError, match="did you mean example_single_tool_call"):
+        create_app("example_single_tool_cal")
+
+
 async def test_the_runtime_name_is_the_config_key_and_can_be_overridden(gym_root: Path) -> None:
     folder = gym_root / "example_session_state_mgmt"
     default = create_app(folder)

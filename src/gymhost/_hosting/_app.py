@@ -34,6 +34,7 @@ from .._keys import StateKey
 from .._logging import fastmcp_leaves_logging_alone
 from .._nemo_gym import require_nemo_gym
 from ._folder import ServerSpec, load_server_spec
+from ._targets import server_folder
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -71,7 +72,8 @@ def create_app(
     masked_verdicts: MaskedVerdicts | None = None,
     **overrides: Any,
 ) -> FastAPI:
-    """Build the ASGI app of the resources server in ``folder``.
+    """Build the ASGI app of the resources server in ``folder``: a path, or the name of a Gym server nemo-gym
+    installed (as ``gymhost serve`` takes it).
 
     ``server_urls`` maps the names of other Gym servers this one calls (a judge, a policy model) to their
     base URLs. ``overrides`` set config fields before validation: ``host`` and ``port`` (what the server
@@ -114,7 +116,7 @@ def build_app(
     take_secrets()  # before the folder's code is imported: nothing it starts inherits them
     version = require_nemo_gym()
     name = overrides.pop("name", None)
-    spec = load_server_spec(folder, config_key=config_key, overrides=overrides)
+    spec = load_server_spec(server_folder(str(folder)), config_key=config_key, overrides=overrides)
     if spec.env_yaml is not None:  # its values are secrets as often as not: only its keys are said
         logger.info("%s: read %s (%s)", spec.folder.name, spec.env_yaml, ", ".join(sorted(spec.env_values or {})))
     with contextlib.chdir(spec.folder):  # as Gym's launcher runs it: relative paths are the folder's

@@ -20,7 +20,7 @@ from pathlib import Path
 from .._exceptions import FolderError, NemoGymNotInstalledError
 from ._folder import existing_folder
 
-__all__ = ["Target", "installed_servers", "resolve_targets", "server_folders"]
+__all__ = ["Target", "installed_servers", "resolve_targets", "server_folder", "server_folders"]
 
 _RESOURCES_SERVERS = "resources_servers"
 
@@ -106,7 +106,7 @@ def resolve_targets(paths: Sequence[str], *, only: Sequence[str] = ()) -> Target
             raise FolderError(
                 f"--only picks servers of a Gym root (a folder holding {_RESOURCES_SERVERS}/); {given} is not one"
             )
-        folder = _folder(given)
+        folder = server_folder(given)
         return Target(folder.name, folder=folder)
     if only:
         raise FolderError("--only picks servers of one Gym root; name the servers themselves instead, or give one root")
@@ -117,7 +117,7 @@ def resolve_targets(paths: Sequence[str], *, only: Sequence[str] = ()) -> Target
                 f"{given} is a Gym root: serve it alone (gymhost serve {given}, with --only to pick its servers), or "
                 "name one server's folder for each path"
             )
-        folder = _folder(given)
+        folder = server_folder(given)
         prefix = f"/{folder.name}"
         if prefix in mounts:
             raise FolderError(f"two servers would be served at {prefix}: {mounts[prefix]} and {folder}")
@@ -125,8 +125,9 @@ def resolve_targets(paths: Sequence[str], *, only: Sequence[str] = ()) -> Target
     return Target("gateway", mounts=mounts)
 
 
-def _folder(given: str) -> Path:
-    """One server's folder: an existing path, or the name of an installed Gym server."""
+def server_folder(given: str) -> Path:
+    """One server's folder: an existing path, or the name of an installed Gym server (``gymhost serve NAME``,
+    ``GYMHOST_FOLDER=NAME`` and ``create_app(NAME)`` alike)."""
     path = Path(given).expanduser()
     if path.is_dir():
         if not (path / "configs").is_dir() and server_folders(path):
