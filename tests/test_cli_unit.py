@@ -164,7 +164,7 @@ def test_the_reference_names_every_variable_hosted_code_is_given() -> None:
     assert not [name for name in sorted(PASSED) if f"`{name}`" not in reference]
 
 
-@pytest.mark.parametrize(("typed", "nearest"), [("top", None), ("serv", "serve"), ("lsit", "list")])
+@pytest.mark.parametrize(("typed", "nearest"), [("foo", None), ("serv", "serve"), ("lsit", "list"), ("tpo", "top")])
 def test_a_mistyped_command_says_so_and_exits_2(typed: str, nearest: str | None) -> None:
     result = CliRunner().invoke(main, [typed, "--help"])
     assert result.exit_code == 2, result.output

@@ -86,11 +86,15 @@ def test_a_busy_port_is_one_line_before_anything_is_built() -> None:
 def test_list_says_what_each_installed_server_needs_here() -> None:
     done = run_to_completion(gymhost_command("list"))
     assert done.returncode == 0, done.stderr
-    rows = {line.split()[0]: line.split(None, 1)[1] for line in done.stdout.splitlines()[1:-1]}
+    where, header, *table, total = done.stdout.splitlines()
+    assert where.startswith("Gym servers in "), "where they are, first"
+    assert where.endswith("resources_servers:")
+    assert header.split() == ["name", "requirements", "calls"]
+    rows = {line.split()[0]: line.split(None, 1)[1] for line in table}
     assert rows[WEATHER].split() == ["met", "-"]
     assert rows[UNMET].startswith("--venv: jiwer"), rows[UNMET]
     assert rows["simpleqa"].split() == ["met", "genrm_model"]
-    assert done.stdout.splitlines()[-1].startswith(f"{len(rows)} servers in ")
+    assert total.startswith(f"{len(rows)} servers; serve one with: gymhost serve NAME")
 
 
 async def test_a_gateway_mounted_in_your_own_app_has_its_readiness_and_metrics_under_the_prefix(

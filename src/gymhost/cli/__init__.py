@@ -25,7 +25,7 @@ class _WriteByDefault(click.Group):
     """``gymhost SOURCE ROOT`` means ``gymhost write SOURCE ROOT``: a first argument that is a source (a URL, an
     existing path, or one written as a path) or an option of ``write``'s is handed to ``write``. Any other word is
     a mistyped command: click's "No such command", with the nearest command's name, and exit status 2 (``gymhost
-    top --help`` printed ``write``'s help and exited 0)."""
+    foo --help`` printed ``write``'s help and exited 0)."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         first = args[0] if args else None

@@ -34,13 +34,14 @@ def list_servers(root: Path | None) -> None:
         folders = server_folders(base)
         if not folders:
             raise FolderError(f"{base}: no resources-server folders (folders with configs/) in it")
+    click.echo(f"Gym servers in {base}:")
     rows = [(name, *_needs(folder)) for name, folder in folders.items()]
     width = max(len(name) for name, _, _ in rows)
     needs_width = max(len(needs) for _, needs, _ in rows)
     click.echo(f"{'name':<{width}}  {'requirements':<{needs_width}}  calls")
     for name, needs, calls in rows:
         click.echo(f"{name:<{width}}  {needs:<{needs_width}}  {calls}")
-    click.echo(f"{len(rows)} servers in {base}; serve one with: gymhost serve NAME")
+    click.echo(f"{len(rows)} servers; serve one with: gymhost serve NAME")
 
 
 def _needs(folder: Path) -> tuple[str, str]:
