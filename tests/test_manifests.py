@@ -157,9 +157,10 @@ def envoy_errors(config: Document) -> list[str]:
     return []
 
 
-def test_kubernetes_manifests_validate() -> None:
-    docs = _load_all(KUBERNETES)
-    assert docs, f"{KUBERNETES} has no documents"
+@pytest.mark.parametrize("manifest", [KUBERNETES, KUBERNETES.parent / "ingress-nginx.yaml"], ids=lambda p: p.name)
+def test_kubernetes_manifests_validate(manifest: Path) -> None:
+    docs = _load_all(manifest)
+    assert docs, f"{manifest} has no documents"
     failures = {f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}": kubernetes_errors(doc) for doc in docs}
     assert not any(failures.values()), "\n".join(f"{name}: {e}" for name, errors in failures.items() for e in errors)
 
@@ -332,6 +333,21 @@ def test_the_autoscaler_and_the_disruption_budget_govern_the_deployment() -> Non
     assert {"cpu"} <= {
         metric["resource"]["name"] for metric in autoscaler["spec"]["metrics"] if metric["type"] == "Resource"
     }
+
+
+def test_the_ingress_alternative_routes_to_the_service_with_the_routes_cookie() -> None:
+    """The Ingress sends everything to the Service the HTTPRoute does, keeping episodes on their replica by the same
+    cookie name."""
+    (ingress,) = _load_all(KUBERNETES.parent / "ingress-nginx.yaml")
+    service, route = _one("Service"), _one("HTTPRoute")
+    (rule,) = ingress["spec"]["rules"]
+    (path,) = rule["http"]["paths"]
+    assert path["backend"]["service"]["name"] == service["metadata"]["name"]
+    assert path["backend"]["service"]["port"]["name"] in {port["name"] for port in service["spec"]["ports"]}
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/affinity"] == "cookie"
+    cookie = route["spec"]["rules"][0]["sessionPersistence"]["sessionName"]
+    assert annotations["nginx.ingress.kubernetes.io/session-cookie-name"] == cookie
 
 
 def test_deployment_probes() -> None:
