@@ -473,12 +473,19 @@ def test_no_instance_outlives_the_server(process_folder: Path) -> None:
 
 
 def test_gymhost_check_passes_on_gridsim(folder: Path) -> None:
+    """A line per row as it ends (not a terminal: no bar), rows done of all, then the report; --quiet: the report."""
     result = run_to_completion(gymhost_command("check", str(folder)))
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].split() == ["task", "reference", "empty", "result"]
-    assert sum(line.endswith("  ok") for line in lines) == len(TASKS)
-    assert lines[-1] == f"all {len(TASKS)} rows pass: every reference solution scores 1.0 and no empty attempt does"
+    progress, report = lines[: len(TASKS)], lines[len(TASKS) :]
+    assert [line.split(" (")[0] for line in progress] == [f"checked {n}/{len(TASKS)}" for n in range(1, 1 + len(TASKS))]
+    assert all(line.endswith(" ok") and ", 0 failed)" in line for line in progress), progress
+    assert report[0].split() == ["task", "reference", "empty", "result"]
+    assert sum(line.endswith("  ok") for line in report) == len(TASKS)
+    assert report[-1] == f"all {len(TASKS)} rows pass: every reference solution scores 1.0 and no empty attempt does"
+    quiet = run_to_completion(gymhost_command("check", str(folder), "--quiet"))
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+    assert quiet.stdout.splitlines() == report
 
 
 def test_gymhost_check_fails_a_task_whose_grading_does_not_hold(tmp_path: Path) -> None:
@@ -490,6 +497,9 @@ def test_gymhost_check_fails_a_task_whose_grading_does_not_hold(tmp_path: Path) 
     folder = write_folder(str(bundle), tmp_path / "root").path
     result = run_to_completion(gymhost_command("check", str(folder)))
     assert result.returncode == 1
+    named = [line for line in result.stdout.splitlines() if line.startswith("checked ") and " FAIL: " in line]
+    assert len(named) == 2, "each failing row is named as it ends"
+    assert any("eval:corridor-east FAIL: reference scored 0: /at_goal = false, expected true" in n for n in named)
     assert "eval:corridor-east: reference scored 0: /at_goal = false, expected true" in result.stdout
     assert "eval:reach-corner: reference scored 0" in result.stdout
     assert "eval:reach-corner: an empty attempt scored 1.0" in result.stdout

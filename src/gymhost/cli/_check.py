@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from ._common import one_line_errors
+from ._progress import progress
+
+if TYPE_CHECKING:
+    from ..environments._writing._check import RowCheck
 
 __all__ = ["check"]
 
@@ -20,11 +25,14 @@ __all__ = ["check"]
     help="Reference solutions for tasks that carry none: JSON Lines of {task_id, split?, tool_calls, final_text}.",
 )
 @click.option("--allow-unchecked", is_flag=True, help="Pass even when no row has a reference solution to check.")
-def check(folder: str, solutions_file: Path | None, allow_unchecked: bool) -> None:
+@click.option("--quiet", "-q", is_flag=True, help="No progress: the report at the end only.")
+def check(folder: str, solutions_file: Path | None, allow_unchecked: bool, quiet: bool) -> None:
     """Play every row of a written FOLDER with its reference solution and with an empty attempt.
 
-    Exits non-zero when a reference solution does not score 1.0 or an empty attempt does, and when no row has a
-    reference solution at all (then nothing but the empty attempts was checked), unless --allow-unchecked.
+    Shows its progress as rows end (rows done of all, their rate, the time left, failures named as they happen):
+    a progress bar on a terminal, a line per row otherwise. Exits non-zero when a reference solution does not score
+    1.0 or an empty attempt does, and when no row has a reference solution at all (then nothing but the empty
+    attempts was checked), unless --allow-unchecked.
     """
     from .._nemo_gym import require_nemo_gym
 
@@ -32,7 +40,13 @@ def check(folder: str, solutions_file: Path | None, allow_unchecked: bool) -> No
         require_nemo_gym()
         from ..environments._writing._check import check_folder, format_report, load_solutions
 
-        checks = check_folder(folder, load_solutions(solutions_file) if solutions_file else None)
+        solutions = load_solutions(solutions_file) if solutions_file else None
+        with progress("checked", quiet=quiet) as shown:
+
+            def ended(row: RowCheck) -> None:
+                shown.step(f"{row.split}:{row.task_id}", "; ".join(row.problems) or None)
+
+            checks = check_folder(folder, solutions, started=shown.start, checked=ended)
     click.echo(format_report(checks))
     failed = [c for c in checks if c.problems]
     if failed:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,10 +55,21 @@ class RowCheck:
         return found
 
 
-def check_folder(folder: str | Path, solutions: dict[tuple[str | None, str], Solution] | None = None) -> list[RowCheck]:
+def check_folder(
+    folder: str | Path,
+    solutions: dict[tuple[str | None, str], Solution] | None = None,
+    *,
+    started: Callable[[int], None] | None = None,
+    checked: Callable[[RowCheck], None] | None = None,
+) -> list[RowCheck]:
     """Every row checked; ``solutions`` (``load_solutions``) are references for tasks that have none, by (split,
-    task id), a split of None meaning any."""
-    return asyncio.run(_check(Path(folder), solutions or {}))
+    task id), a split of None meaning any. ``started`` hears how many rows there are once the server is up, and
+    ``checked`` each row's check as it ends (in the order they end): what ``gymhost check`` shows progress with."""
+    return asyncio.run(_check(Path(folder), solutions or {}, started or _nothing, checked or _nothing))
+
+
+def _nothing(*_: Any) -> None:
+    return None
 
 
 def load_solutions(path: Path) -> dict[tuple[str | None, str], Solution]:
@@ -85,7 +97,12 @@ def load_solutions(path: Path) -> dict[tuple[str | None, str], Solution]:
     return found
 
 
-async def _check(folder: Path, solutions: dict[tuple[str | None, str], Solution]) -> list[RowCheck]:
+async def _check(
+    folder: Path,
+    solutions: dict[tuple[str | None, str], Solution],
+    started: Callable[[int], None],
+    checked: Callable[[RowCheck], None],
+) -> list[RowCheck]:
     from .._server import WrittenResourcesServer
 
     app = create_app(folder, token=NO_TOKEN)  # played in-process: no request crosses the network
@@ -120,8 +137,11 @@ async def _check(folder: Path, solutions: dict[tuple[str | None, str], Solution]
                     calls = [(call.name, call.arguments) for call in solution.tool_calls]
                     reference = await _play(transport, row, calls, solution.final_text)
                 empty = await _play(transport, row, [], "")
-            return RowCheck(split, task.id, reference, empty)
+            done = RowCheck(split, task.id, reference, empty)
+            checked(done)
+            return done
 
+        started(len(rows))
         return list(await asyncio.gather(*(check_row(split, row) for split, row in rows)))
 
 
