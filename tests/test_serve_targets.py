@@ -74,6 +74,34 @@ def test_mistakes_are_one_line_naming_the_fix(gym_root: Path, tmp_path: Path) ->
     assert line.endswith(fix), line
 
 
+def test_a_venv_build_that_fails_says_where_its_output_is_and_how_to_run_it_again(
+    gym_root: Path, tmp_path: Path
+) -> None:
+    """``serve --venv`` of a folder whose requirements.txt names what no index has: the start says where the
+    installer's output goes; the failure is one line with the output's end, that file, and the command to rerun."""
+    import sys
+
+    folder = Path(shutil.copytree(gym_root / WEATHER, tmp_path / "weather"))
+    (folder / "requirements.txt").write_text("-e nemo-gym[dev] @ ../../\nsurely-no-such-package-anywhere==0.0.1\n")
+    uv = shutil.which("uv", path=str(Path(sys.executable).parent))
+    assert uv is not None, "uv must be installed in the tier's venv (make test installs it)"
+    venvs = tmp_path / "venvs"
+    env = {"GYMHOST_VENV_DIR": str(venvs), "PATH": f"{Path(uv).parent}:/usr/bin:/bin"}
+    done = run_to_completion(gymhost_command("serve", str(folder), "--venv", "--port", "0"), env=env, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    (log,) = venvs.glob(".weather-*.log")
+    assert f"the installer's output goes to {log}" in done.stderr, done.stderr
+    error = done.stderr.strip().splitlines()[-1]
+    assert error.startswith("Error: building a folder's venv failed (installing its requirements): "), error
+    assert "surely-no-such-package-anywhere" in error
+    assert f"the installer's whole output is in {log}; to run it again: {uv} pip install" in error
+    assert "surely-no-such-package-anywhere" in log.read_text()
+    (listed,) = venvs.glob(".weather-*.requirements.txt")  # what the command to run again reads
+    assert str(listed) in error
+    assert "surely-no-such-package-anywhere==0.0.1" in listed.read_text().splitlines()
+    assert not list(venvs.glob("weather-*/bin/python")), "a failed build leaves no venv to be taken for a built one"
+
+
 def test_a_busy_port_is_one_line_before_anything_is_built() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

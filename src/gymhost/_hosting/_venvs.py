@@ -19,6 +19,7 @@ import importlib.metadata
 import json
 import logging
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -38,6 +39,7 @@ __all__ = ["folder_venv", "gymhost_dependency", "gymhost_requirement", "unmet_re
 logger = logging.getLogger("gymhost")
 
 _BUILT = ".gymhost-venv.json"  # written last: a venv without it is a build that did not finish
+_SAY_EVERY_S = 10.0  # how often a build in progress says how it goes
 # Gym's requirements.txt names nemo-gym relative to its checkout (`-e nemo-gym[dev] @ ../../`): here it is the
 # nemo-gym installed in this environment, with the extras that line asks for.
 _NEMO_GYM_LINE = re.compile(r"^\s*(-e\s+)?nemo[-_]gym(\[[^\]]*\])?\s*(@.*)?$", re.IGNORECASE)
@@ -94,15 +96,18 @@ def folder_venv(folder: Path) -> Path:
             return python
         shutil.rmtree(venv, ignore_errors=True)  # a build that did not finish
         began = time.monotonic()
+        log = venvs / f".{venv.name}.log"
         logger.warning(
-            "%s: its requirements.txt is not met here (%s): building it a venv of its own in %s, with %s",
+            "%s: its requirements.txt is not met here (%s): building it a venv of its own in %s, with %s; the "
+            "installer's output goes to %s",
             folder.name,
             ", ".join(unmet_requirements(folder)) or "its own",
             venv,
             "uv" if shutil.which("uv") else "pip (put uv on PATH for a faster build)",
+            log,
         )
         try:
-            _build(venv, requirements)
+            _build(venv, requirements, _Installer(folder.name, log))
         except BaseException:
             shutil.rmtree(venv, ignore_errors=True)
             raise
@@ -130,7 +135,7 @@ def _requirements(folder: Path) -> list[str]:
     return [f"nemo-gym{extras}=={nemo_gym}", gymhost_requirement(as_installed=True), *lines]
 
 
-def _build(venv: Path, requirements: list[str]) -> None:
+def _build(venv: Path, requirements: list[str], installer: _Installer) -> None:
     listed = venv.parent / f".{venv.name}.requirements.txt"
     listed.write_text("\n".join(requirements) + "\n")
     uv = shutil.which("uv")
@@ -138,18 +143,66 @@ def _build(venv: Path, requirements: list[str]) -> None:
     target = _python_version_for_nemo_gym()
     try:
         if uv is not None:
-            _run([uv, "venv", "--quiet", "--python", sys.executable, str(venv)], "creating the venv")
-            command = [uv, "pip", "install", "--quiet", "--python", str(python), "-r", str(listed)]
+            installer.run([uv, "venv", "--python", sys.executable, str(venv)], "creating the venv")
+            command = [uv, "pip", "install", "--python", str(python), "-r", str(listed)]
             if target is not None:  # nemo-gym's Requires-Python is newer than this Python: resolve as if it were
                 command += ["--python-version", target]
         else:
-            _run([sys.executable, "-m", "venv", str(venv)], "creating the venv")
-            command = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", str(listed)]
+            installer.run([sys.executable, "-m", "venv", str(venv)], "creating the venv")
+            command = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-r", str(listed)]
             if target is not None:
                 command.append("--ignore-requires-python")
-        _run(command, "installing its requirements")
-    finally:
+        installer.run(command, "installing its requirements")
+    except ServeError:
+        raise  # the requirements file stays, for the command the error says to run again
+    except BaseException:
         listed.unlink(missing_ok=True)
+        raise
+    listed.unlink(missing_ok=True)
+
+
+class _Installer:
+    """Runs the installer's commands with their output in ``log``, and says how the build goes while it runs (a
+    build takes minutes: a line every ``_SAY_EVERY_S`` with the installer's last line); a failure says the output's
+    end, where the rest is, and the command to run it again."""
+
+    def __init__(self, name: str, log: Path) -> None:
+        self.name, self.log = name, log
+        log.write_text("")
+
+    def run(self, command: list[str], what: str) -> None:
+        began = time.monotonic()
+        with self.log.open("a") as output:
+            output.write(f"$ {shlex.join(command)}\n")
+            output.flush()
+            start = output.tell()
+            process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            while True:
+                try:
+                    status = process.wait(_SAY_EVERY_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    logger.warning("%s: building its venv, %s: %.0fs so far; the installer's last line: %s",
+                                   self.name, what, time.monotonic() - began, self._last_line())  # fmt: skip
+                except BaseException:
+                    process.kill()
+                    process.wait()
+                    raise
+        if status != 0:
+            tail = self._output(start)[-8:]
+            raise ServeError(
+                f"building a folder's venv failed ({what}): {' | '.join(tail)}; the installer's whole output is in "
+                f"{self.log}; to run it again: {shlex.join(command)}"
+            )
+
+    def _output(self, start: int = 0) -> list[str]:
+        with self.log.open(errors="replace") as output:
+            output.seek(start)
+            return [line.rstrip() for line in output.read().splitlines() if line.strip()]
+
+    def _last_line(self) -> str:
+        lines = self._output()
+        return lines[-1][:200] if lines else "(nothing yet)"
 
 
 def _python_version_for_nemo_gym() -> str | None:
@@ -166,13 +219,6 @@ def _python_version_for_nemo_gym() -> str | None:
         return None
     floors = [spec.version for spec in specifier if spec.operator in (">=", "==", "~=")]
     return floors[0] if floors else None
-
-
-def _run(command: list[str], what: str) -> None:
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        output = (done.stderr or done.stdout).strip().splitlines()
-        raise ServeError(f"building a folder's venv failed ({what}): {' | '.join(output[-8:])}")
 
 
 @contextlib.contextmanager
