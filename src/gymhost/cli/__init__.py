@@ -7,6 +7,7 @@ the install hint work in an environment without it.
 
 from __future__ import annotations
 
+import difflib
 import os
 
 import click
@@ -26,6 +27,16 @@ class _WriteByDefault(click.Group):
     existing path, or one written as a path) or an option of ``write``'s is handed to ``write``. Any other word is
     a mistyped command: click's "No such command", with the nearest command's name, and exit status 2 (``gymhost
     foo --help`` printed ``write``'s help and exited 0)."""
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """click says "Did you mean" itself from 8.2 on; gymhost allows 8.1, so it says it here, the same way."""
+        name = args[0] if args else ""
+        if name and name not in self.commands and not name.startswith("-"):
+            close = difflib.get_close_matches(name, list(self.commands), n=1)
+            ctx.fail(f"No such command '{name}'." + (f" Did you mean '{close[0]}'?" if close else ""))
+        return super().resolve_command(ctx, args)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         first = args[0] if args else None
