@@ -1109,6 +1109,11 @@ def write_results(results: dict[str, Any], stamp: str) -> None:
     (HERE / "results" / f"{stamp}.json").write_text(json.dumps(results, indent=2) + "\n")
     if "concurrency" in results:
         write_plot(results, HERE / "concurrency.svg")
+    if "tool_calls" in results and not results.get("quick"):  # a full run's figures replace the last one's (plots/)
+        from plots import draw
+
+        for figure in draw(results):
+            print(f"  drew {figure.relative_to(HERE)}")
     update_readme(results, HERE / "README.md", f"results/{stamp}.json")
 
 

@@ -86,3 +86,21 @@ def test_the_plot_is_an_svg(tmp_path: Path) -> None:
     svg = (tmp_path / "plot.svg").read_text()
     assert svg.startswith("<svg")
     assert "<polyline" in svg
+
+
+def test_a_full_runs_figures_are_drawn_from_its_results(tmp_path: Path) -> None:
+    """``plots.draw`` on a committed full run: the three figures, SVG with their text as text, each naming what it
+    compares; a run without those sections draws none."""
+    import xml.etree.ElementTree as ElementTree
+
+    import plots
+
+    results = json.loads((REPO / "benchmarks" / "results" / "2026-12-03.json").read_text())
+    written = plots.draw(results, tmp_path)
+    assert [path.name for path in written] == ["tool-calls.svg", "cold-batch.svg", "process-mode.svg"]
+    texts = {path.name: " ".join(ElementTree.parse(path).getroot().itertext()) for path in written}
+    assert "FastAPI's floor" in texts["tool-calls.svg"]
+    assert "Gym's launcher" in texts["tool-calls.svg"]
+    assert "constructed once" in texts["cold-batch.svg"]
+    assert "target: 0.7" in texts["process-mode.svg"]
+    assert plots.draw({"date": "x"}, tmp_path / "none") == []
