@@ -42,6 +42,11 @@ async def test_installed_servers_are_served_by_name_alone_or_several_at_once(gym
         assert listed[f"/{WEATHER}"]["tools"] == ["get_weather"]
         row = example_rows(gym_root / COUNTER)[0]
         assert (await play_session_state(f"{both.url}/{COUNTER}", row, True))["reward"] == 1.0
+        # Many servers take a while to build and start: each is said as it is done, and the slowest at the end.
+        for what in ("built", "started"):
+            assert f"gymhost: {what} /{WEATHER}, 1 of 2, in " in both.output, both.output
+            assert f"gymhost: {what} /{COUNTER}, 2 of 2, in " in both.output
+            assert f"gymhost: {what} 2 servers in " in both.output
 
 
 @pytest.mark.processes

@@ -12,6 +12,8 @@ Each mounted app keeps its sessions to itself: its cookie's path is its prefix a
 from __future__ import annotations
 
 import inspect
+import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -37,6 +39,8 @@ from ._operating import add_operating_routes
 
 __all__ = ["build_gateway", "create_gateway", "find_servers", "is_gym_root", "mounted_lifespan"]
 
+logger = logging.getLogger("gymhost")
+
 
 @asynccontextmanager
 async def mounted_lifespan(app: Any) -> AsyncIterator[None]:
@@ -47,12 +51,15 @@ async def mounted_lifespan(app: Any) -> AsyncIterator[None]:
     ``async with mounted_lifespan(app): ...`` inside it.
     """
     outer = (MOUNT.get(app) or "").rstrip("/")  # where ``app`` is itself mounted, if it is
+    mounts = [route for route in app.router.routes if isinstance(route, Mount) and has_lifespan(route.app)]
+    progress = _Progress("started", len(mounts))
     async with AsyncExitStack() as stack:
-        for route in app.router.routes:
-            if isinstance(route, Mount) and has_lifespan(route.app):
-                child: Any = route.app
-                MOUNT.set(child, outer + route.path)  # its metrics carry the whole prefix (``_operating``)
-                await stack.enter_async_context(running_lifespan(route.app))
+        for route in mounts:
+            child: Any = route.app
+            MOUNT.set(child, outer + route.path)  # its metrics carry the whole prefix (``_operating``)
+            began = time.monotonic()
+            await stack.enter_async_context(running_lifespan(route.app))
+            progress.one(outer + route.path, time.monotonic() - began)
         yield
 
 
@@ -141,8 +148,14 @@ def build_gateway(
 
     gateway = FastAPI(title="gymhost gateway", lifespan=mounted_lifespan)
     mounted: dict[str, Any] = {}
+    progress = _Progress("built", len(folders))
     for prefix, value in mapping.items():
-        mounted[prefix] = build_app(value, settings, server_urls=server_urls) if prefix in folders else value
+        if prefix in folders:
+            began = time.monotonic()
+            mounted[prefix] = build_app(value, settings, server_urls=server_urls)
+            progress.one(prefix, time.monotonic() - began)
+        else:
+            mounted[prefix] = value
         gateway.mount(prefix, mounted[prefix])
 
     @gateway.get("/", summary="The servers mounted here and their tools")
@@ -159,6 +172,24 @@ def build_gateway(
     others = set(mounted) - set(folders)
     gateway.user_middleware[:] = gateway_stack(settings, mounts=folders, timed=timed, proxied=others)
     return gateway
+
+
+class _Progress:
+    """A gateway of dozens of servers takes a while to build and to start: each one said as it is done (``built
+    /gridsim, 3 of 40, in 1.2s``), and, at the end, how long all took and which one was slowest."""
+
+    def __init__(self, what: str, total: int) -> None:
+        self.what, self.total, self.done = what, total, 0
+        self.began = time.monotonic()
+        self.slowest = ("", 0.0)
+
+    def one(self, prefix: str, seconds: float) -> None:
+        self.done += 1
+        self.slowest = max(self.slowest, (prefix, seconds), key=lambda pair: pair[1])
+        logger.info("%s %s, %d of %d, in %.1fs", self.what, prefix, self.done, self.total, seconds)
+        if self.done == self.total and self.total > 1:
+            logger.info("%s %d servers in %.1fs; the slowest: %s (%.1fs)", self.what, self.total,
+                        time.monotonic() - self.began, *self.slowest)  # fmt: skip
 
 
 def _times_itself(app: Any) -> bool:
