@@ -75,6 +75,20 @@ def write(source: str, root: Path, *args: str) -> Path:
     return root / "resources_servers" / "agent_env_quiz"
 
 
+def test_write_says_how_far_it_has_read_the_tasks_unless_quiet(tmp_path: Path) -> None:
+    """An agent-env bundle's tasks are read by resetting each (their tools live in the episode): a tenth at a time,
+    and all of them, said on stderr; --quiet says none of it."""
+    command = gymhost_command("write", str(BUNDLE), str(tmp_path / "said"), "--split", "smoke")
+    done = run_to_completion(command, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = [line for line in done.stderr.splitlines() if "tasks read" in line]
+    assert said[-1] == "gymhost: agent_env_quiz, split smoke: the resets of 3 of 3 tasks read", done.stderr
+    assert [line.rsplit(" of ", 2)[-2].rsplit(" ", 1)[-1] for line in said] == ["1", "2", "3"]
+    quiet = run_to_completion([*command[:-3], str(tmp_path / "quiet"), "--split", "smoke", "--quiet"], timeout=180)
+    assert quiet.returncode == 0, quiet.stdout + quiet.stderr
+    assert "tasks read" not in quiet.stderr
+
+
 def app_of(server: ServerProcess) -> int:
     """The agent-env app a gymhost server runs: its one child that runs ``_agent_env_app.py``."""
     (app,) = [

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import click
 
 from ..environments._settings import DEFAULT_MODE, parse_instances
@@ -75,6 +79,7 @@ class _InstancesOption(click.Option):
     "app for it (default: $GYMHOST_AGENT_ENV_PYTHON).",
 )
 @click.option("--force", is_flag=True, help="Replace the folder if it exists.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines: the result's line only.")
 def write(
     source: str,
     root: str,
@@ -87,16 +92,18 @@ def write(
     prompt_field: str | None,
     python: str | None,
     force: bool,
+    quiet: bool,
 ) -> None:
     """Write ROOT/resources_servers/<name>/ for the agent environment at SOURCE.
 
     SOURCE is a bundle folder (gymhost's: env.py and tasks/<split>.jsonl; or agent-env's: tasks/<name>.json step
     lists, served by its OpenEnv app), the URL of a running OpenEnv server (its Task API gives the tasks), or the
-    URL of a running agentenv environment (with --tasks FILE).
+    URL of a running agentenv environment (with --tasks FILE). What takes long (an OpenEnv server's tasks read a
+    tenth at a time) is said on stderr as it goes, unless --quiet.
     """
     from ..environments import write_folder
 
-    with one_line_errors():
+    with one_line_errors(), _progress_lines(quiet):
         written = write_folder(
             source,
             root,
@@ -113,3 +120,22 @@ def write(
     rows = ", ".join(f"data/{split_name}.jsonl: {count} rows" for split_name, count in written.rows.items())
     tools = ", ".join(tool["name"] for tool in written.source.tools)
     click.echo(f"gymhost: wrote {written.path} (environment {written.source.environment!r}; tools {tools}; {rows})")
+
+
+@contextmanager
+def _progress_lines(quiet: bool) -> Iterator[None]:
+    """What the writing says at INFO (``gymhost.environments``) as plain lines on stderr, while it runs."""
+    if quiet:
+        yield
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("gymhost: %(message)s"))
+    writing = logging.getLogger("gymhost.environments")
+    level = writing.level
+    writing.addHandler(handler)
+    writing.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        writing.removeHandler(handler)
+        writing.setLevel(level)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from typing import Any
 
 from agentenv_protocol import ToolResult
@@ -49,6 +50,8 @@ from ._wire import (
 )
 
 __all__ = ["OpenEnvClient", "OpenEnvLauncher"]
+
+logger = logging.getLogger("gymhost.environments")
 
 _CAPACITY_RETRY_S = (0.02, 0.05, 0.1, 0.2, 0.5)  # then every 0.5 s, until the load's limit
 # A verify ends the open turn with the final text, then every turn the environment opens after it with no reply; an
@@ -328,6 +331,9 @@ class OpenEnvLauncher:
                     if listed is None:
                         raise MalformedReplyError(f"{self.url}: list_tools after {what}: {json.dumps(answer)[:300]}")
                 answers.append((reply["data"], listed))
+                if len(resets) > 1 and (10 * len(answers)) // len(resets) > (10 * (len(answers) - 1)) // len(resets):
+                    logger.info("%s, split %s: the resets of %d of %d tasks read", self.environment,
+                                reset.get("split"), len(answers), len(resets))  # fmt: skip
         finally:
             await session.close()
         return answers
