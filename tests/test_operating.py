@@ -339,6 +339,37 @@ def test_every_alert_rule_names_exported_metrics_with_their_labels() -> None:
             assert value in written[label], f"{rule['alert']}: {label}={value!r} is never written"
 
 
+def test_the_slow_tool_calls_alert_and_gymhost_top_count_the_same_routes() -> None:
+    """GymhostSlowToolCalls' route selector leaves out exactly the routes ``gymhost top`` does not count."""
+    import re
+
+    import yaml
+
+    from gymhost._watching import NOT_TOOL_CALLS
+
+    from .conftest import REPO
+
+    rules = yaml.safe_load((REPO / "deploy" / "prometheus" / "gymhost-alerts.yaml").read_text())["groups"][0]["rules"]
+    (slow,) = [rule for rule in rules if rule["alert"] == "GymhostSlowToolCalls"]
+    (pattern,) = re.findall(r'http_route!~"((?:[^"\\]|\\.)*)"', slow["expr"])
+    left_out = re.compile(pattern.replace("\\\\", "\\"))  # PromQL's string escapes, then its fully anchored regex
+    routes = {name if name.startswith("(") else f"/{name}" for name in NOT_TOOL_CALLS}
+    assert all(left_out.fullmatch(route) for route in routes), sorted(r for r in routes if not left_out.fullmatch(r))
+    assert all(left_out.fullmatch(f"/gridsim{route}") for route in routes if route.startswith("/") and route != "/")
+    assert not any(left_out.fullmatch(route) for route in ("/get_weather", "/increment", "/gridsim_look"))
+
+
+async def test_a_fresh_server_exports_its_loss_and_stop_counters_at_zero(counter_folder: Path) -> None:
+    """The alerts on lost episodes and stopped instances see a first burst only if the series were there before
+    it, at 0 (``increase`` over a series that appears at N sees nothing)."""
+    with serve(counter_folder) as server:
+        samples = scrape(server.url)
+    for why in ("owner_gone", "another_secret"):
+        assert samples[("gymhost_lost_session_requests_total", (("mount", "/"), ("why", why)))] == 0.0
+    for reason in ("memory", "processes", "cpu_time", "file_size", "exited"):
+        assert samples[("gymhost_instance_stops_total", (("mount", "/"), ("reason", reason)))] == 0.0
+
+
 def test_every_gymhost_metric_has_labels_so_workers_export_it() -> None:
     """``share_metrics`` switches prometheus_client to multiprocess mode after gymhost's metrics are defined; a
     metric without labels has its value made at definition, in memory, and ``/metrics`` under ``--workers`` would

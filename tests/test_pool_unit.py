@@ -260,6 +260,31 @@ async def test_an_instance_whose_episode_ended_while_seeds_wait_for_starts_is_pa
         await pool.stop()
 
 
+async def test_a_pool_at_its_minimum_stays_ready_while_an_ended_episodes_instance_is_replaced() -> None:
+    """Each episode's instance is replaced as it ends: the replica stays ready for that start (it would leave its
+    balancer at every episode's end); an instance that broke is not counted while its replacement starts."""
+    launcher = OneEpisode()
+    pool = Pool(launcher, 1, 4, settings())
+    await pool.start()
+    try:
+        used = await pool.lease()
+        launcher.go.clear()  # the replacement takes its time
+        await pool.release(used, None)
+        await until(lambda: pool.status()["starting"] == 1, "its replacement starting")
+        assert pool.not_ready() is None
+        launcher.go.set()
+        await until(lambda: pool.status()["starting"] == 0, "the replacement is up")
+        broken = await pool.lease()
+        launcher.go.clear()
+        await pool.release(broken, Failure(TIMEOUT, "it stopped answering"))
+        await until(lambda: pool.status()["starting"] == 1, "its replacement starting")
+        assert pool.not_ready() == "warming up: 0 of its minimum of 1 environment instances serving"
+        launcher.go.set()
+        await until(lambda: pool.not_ready() is None, "ready once the replacement is up")
+    finally:
+        await pool.stop()
+
+
 async def test_a_broken_instance_is_stopped_at_once_even_while_seeds_wait() -> None:
     launcher = OneEpisode()
     pool = Pool(launcher, 1, 4, settings())

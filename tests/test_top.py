@@ -81,7 +81,8 @@ async def test_top_shows_episodes_seeds_calls_latency_verdicts_and_the_pool(fold
         assert second["waiting"] == "0"
         assert second["stops"] == "-"
         without_token = top(server.url, token=None)[0]
-        assert without_token["state"] == "no answer: /metrics answered 401"
+        assert without_token["state"] == "ready, /metrics refused (401: give --token)"
+        assert without_token["open"] == "-"
 
 
 async def test_top_shows_a_draining_server_one_that_stops_answering_and_one_not_there(folder: Path) -> None:

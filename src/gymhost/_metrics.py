@@ -74,6 +74,8 @@ _VERDICTS_REFUSED = Counter(
     "never reads mask_sample fails the rollout instead of training on its 0.0; by failure_kind.",
     ["mount", "failure_kind"],
 )
+LOST_WHY = ("owner_gone", "another_secret")  # why a request of an episode is answered as lost
+STOP_REASONS = ("memory", "processes", "cpu_time", "file_size", "exited")  # why an instance ended unasked
 _LOST_REQUESTS = Counter(
     "gymhost_lost_session_requests",
     "Requests of an episode this process cannot serve, answered as lost (410 session_lost, or a masked verify): "
@@ -171,6 +173,9 @@ class EpisodeMetrics:
         self._waiting = _SEEDS_WAITING.labels(self.mount)
         self._sessions = _SESSIONS_STARTED.labels(self.mount)
         self._tools: dict[str, Any] = {}
+        for why in LOST_WHY:  # at 0 from the start: an alert's increase() sees the first burst of losses
+            _LOST_REQUESTS.labels(self.mount, why)
+        self._stops_counted = False
 
     def session_started(self) -> None:
         self._sessions.inc()
@@ -210,6 +215,10 @@ class EpisodeMetrics:
         self._waiting.set(waiting)
         for state, count in (instances or {}).items():
             _INSTANCES.labels(self.mount, state).set(count)
+        if instances is not None and not self._stops_counted:  # a pool: its stops at 0 from the start, as above
+            self._stops_counted = True
+            for reason in STOP_REASONS:
+                _INSTANCE_STOPS.labels(self.mount, reason)
         if confinement is not None:
             _CONFINEMENT.labels(self.mount, confinement).set(1)
 

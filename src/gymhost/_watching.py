@@ -22,7 +22,8 @@ __all__ = ["NOT_TOOL_CALLS", "Reading", "View", "compare", "read"]
 # The routes that are not the model's tool calls: an episode's own (seed, verify, close; a gymnasium server's
 # reset) and the operator's. The same set as the GymhostSlowToolCalls alert (deploy/prometheus/gymhost-alerts.yaml).
 _EPISODE_AND_OPERATOR = ("seed_session", "verify", "close_session", "reset", "metrics", "healthz", "readyz", "livez")
-NOT_TOOL_CALLS = frozenset({*_EPISODE_AND_OPERATOR, "health", "", "(unmatched)"})  # "": "/"; and a path no route took
+# "": "/"; "(unmatched)": a path no route took; "(forwarded)": a request another process answered (counted there).
+NOT_TOOL_CALLS = frozenset({*_EPISODE_AND_OPERATOR, "health", "", "(unmatched)", "(forwarded)"})
 _DURATION = "http_server_request_duration_seconds"
 
 Labels = frozenset[tuple[str, str]]
@@ -39,7 +40,8 @@ class Reading:
 
     @property
     def answered(self) -> bool:
-        return not self.state.startswith("no answer")
+        """Its metrics were read: a server that answered nothing, or refused its metrics, has none to show."""
+        return bool(self.samples) or not (self.state.startswith("no answer") or "/metrics refused" in self.state)
 
     def total(self, name: str, **labels: str) -> float:
         wanted = set(labels.items())
@@ -62,6 +64,7 @@ class View:
 
     url: str
     state: str
+    answered: bool = True  # its metrics were read
     episodes_open: int = 0
     seeds_per_s: float | None = None
     calls_per_s: float | None = None
@@ -84,6 +87,8 @@ def read(client: httpx.Client, url: str) -> Reading:
         metrics = client.get(f"{base}/metrics")
     except httpx.HTTPError as error:
         return Reading(url, at, f"no answer: {type(error).__name__}")
+    if metrics.status_code in (401, 403):
+        return Reading(url, at, f"{_readiness(ready)}, /metrics refused ({metrics.status_code}: give --token)")
     if metrics.status_code != 200:
         return Reading(url, at, f"no answer: /metrics answered {metrics.status_code}")
     samples = {
@@ -97,7 +102,7 @@ def read(client: httpx.Client, url: str) -> Reading:
 def compare(before: Reading | None, now: Reading) -> View:
     """The view of ``now``, with the rates and latencies of the interval since ``before`` (the same server's)."""
     if not now.answered:
-        return View(now.url, now.state)
+        return View(now.url, now.state, answered=False)
     masked = now.by("gymhost_episodes_ended_total", "failure_kind", outcome="masked")
     ended = now.by("gymhost_episodes_ended_total", "outcome")
     view = View(
@@ -116,10 +121,10 @@ def compare(before: Reading | None, now: Reading) -> View:
         return view
     seconds = now.at - before.at
     seeds = now.total("gymhost_sessions_started_total") - before.total("gymhost_sessions_started_total")
+    if _restarted(before, now):  # its counters started again: no rate to give for this interval
+        return view
     now_buckets, before_buckets = _call_buckets(now), _call_buckets(before)
     deltas = {le: count - before_buckets.get(le, 0.0) for le, count in now_buckets.items()}
-    if seeds < 0 or any(delta < 0 for delta in deltas.values()):  # restarted meanwhile: no rate to give
-        return view
     calls = deltas.get(float("inf"), 0.0)
     return View(
         **{
@@ -129,6 +134,15 @@ def compare(before: Reading | None, now: Reading) -> View:
             "call_p50_s": _quantile(0.5, deltas),
             "call_p99_s": _quantile(0.99, deltas),
         }
+    )
+
+
+def _restarted(before: Reading, now: Reading) -> bool:
+    """Whether any counter went down between two readings: the server (or a worker of it) started again, whatever
+    it has served since; what then looks like a rate is not one."""
+    return any(
+        name.endswith(("_total", "_count", "_bucket")) and now.samples.get((name, labels), 0.0) < value
+        for (name, labels), value in before.samples.items()
     )
 
 

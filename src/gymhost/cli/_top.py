@@ -26,7 +26,7 @@ _COLUMNS = ("server", "state", "open", "seeds/s", "calls/s", "p50", "p99", "mask
 @click.option("--interval", type=click.FloatRange(min=0.1), default=1.0, show_default=True, help="Seconds a refresh.")
 @click.option("--count", type=click.IntRange(min=1), help="Stop after this many refreshes. Default: until Ctrl-C.")
 def top(urls: tuple[str, ...], token: str | None, interval: float, count: int | None) -> None:
-    """A live view of the servers at URL... (one server, or a replica set: its balancer's address and each replica's).
+    """A live view of the servers at URL... (one server, or a replica set: each replica's address).
 
     Each refresh shows, per server: its state (ready, draining, not ready and why, or no answer), episodes open,
     seeds and tool calls a second, tool-call latency p50 and p99, verdicts masked (of all given, and by kind), the
@@ -48,6 +48,7 @@ def top(urls: tuple[str, ...], token: str | None, interval: float, count: int | 
                 if number:
                     time.sleep(interval)
                 readings = [read(client, url) for url in urls]
+                client.cookies.clear()  # a balancer's affinity cookie would tie every reading to one replica
                 rows = [_row(compare(last.get(reading.url), reading)) for reading in readings]
                 last.update((reading.url, reading) for reading in readings)
                 yield rows
@@ -55,12 +56,14 @@ def top(urls: tuple[str, ...], token: str | None, interval: float, count: int | 
         if _on_a_terminal():
             _live(refreshes())
             return
-        for rows in refreshes():
-            now = datetime.datetime.now().isoformat(timespec="seconds")
-            for row in rows:
-                click.echo(
-                    " ".join([now, *(f"{name}={_quoted(value)}" for name, value in zip(_COLUMNS, row, strict=True))])
-                )
+        try:
+            for rows in refreshes():
+                now = datetime.datetime.now().isoformat(timespec="seconds")
+                for row in rows:
+                    pairs = [f"{name}={_quoted(value)}" for name, value in zip(_COLUMNS, row, strict=True)]
+                    click.echo(" ".join([now, *pairs]))
+        except KeyboardInterrupt:  # how it is stopped, as on a terminal: not a failure
+            pass
 
 
 def _quoted(value: str) -> str:
@@ -101,7 +104,7 @@ def _row(view: View) -> list[str]:
     def counts(values: dict[str, int]) -> str:
         return ",".join(f"{key}:{value}" for key, value in values.items() if value) or "-"
 
-    if view.state.startswith("no answer"):
+    if not view.answered:
         return [view.url, view.state, *("-" for _ in _COLUMNS[2:])]
     masked = sum(view.masked.values())
     return [

@@ -77,6 +77,7 @@ class Pool:
         self._waiters: deque[asyncio.Future[Instance]] = deque()
         self._no_waiters: asyncio.Future[None] | None = None  # set when the last waiting seed is served
         self._starting = 0  # starts asked for and not yet done, queued for a startup slot or launching
+        self._renewals = 0  # instances that served their one episode whose replacements have not started yet
         self._stopping_now = 0
         self._paused = 0
         self._startup_slots = asyncio.Semaphore(settings.parallel_startups)
@@ -312,6 +313,7 @@ class Pool:
             instance = await self._bring_up()
         except Exception as error:
             self._starting -= 1
+            self._renewals = max(0, self._renewals - 1)
             self.counters.warn("start_failures", f"an environment instance did not start: {error}")
             if not self._stopping:
                 await asyncio.sleep(_START_RETRY_S)
@@ -321,6 +323,7 @@ class Pool:
             self._starting -= 1
             raise
         self._starting -= 1
+        self._renewals = max(0, self._renewals - 1)
         if self._stopping:
             instance.retired = True
             await self.launcher.stop(instance)
@@ -401,6 +404,7 @@ class Pool:
         else:
             self._being_stopped.add(instance)
             self._background(self._stop_retired(instance, renewed), f"gymhost-instance-{instance.index}-stop")
+        self._renewals += renewed
         self._grow(renewing=1 if renewed else 0)
 
     async def _stop_retired(self, instance: Instance, renewed: bool) -> None:
@@ -492,9 +496,12 @@ class Pool:
     # -- what an operator sees -----------------------------------------------------------------------------------
 
     def not_ready(self) -> str | None:
-        """Why the pool cannot take its share of episodes yet: fewer than its minimum of instances serving."""
+        """Why the pool cannot take its share of episodes yet: fewer than its minimum of instances serving. An
+        instance that served its one episode and is being replaced (``fresh_instances``) still counts until its
+        replacement is up: a pool at its minimum would otherwise leave its balancer at every episode's end. One that
+        died does not."""
         serving = self._healthy()
-        if serving < self.minimum:
+        if serving + min(self._starting, self._renewals) < self.minimum:
             return f"warming up: {serving} of its minimum of {self.minimum} environment instances serving"
         return None
 
