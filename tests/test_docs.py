@@ -4,6 +4,7 @@ pointed at the installed examples)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -67,6 +68,30 @@ def test_the_quickstart_plays_an_episode_with_curl_and_with_episode_client(tmp_p
     port = str(free_port())
     with serving(gymhost_command(*serve.split()[1:-1], port), cwd=tmp_path) as server:
         assert httpx.get(f"{server.url}/readyz", timeout=CALL_TIMEOUT_S).json() == {"status": "ok"}
+
+
+def test_the_episode_by_hand_of_a_written_server_scores_one(tmp_path: Path) -> None:
+    """docs/environments.md's curl episode on the quickstart's gridsim folder: its block, run as written."""
+    (block,) = [b for b in blocks(REPO / "docs" / "environments.md", "bash") if "/seed_session" in b]
+    example = str(REPO / "examples" / "gridsim_v1")
+    written = run_to_completion(gymhost_command("write", example, "my_envs"), cwd=tmp_path)
+    assert written.returncode == 0, written.stderr
+    port = str(free_port())
+    with serving(gymhost_command("serve", "my_envs/resources_servers/gridsim_v1", "--port", port), cwd=tmp_path):
+        played = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", block.replace("localhost:8001", f"localhost:{port}")],
+            cwd=tmp_path, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+    assert played.returncode == 0, played.stderr
+    answers, decoder, text = [], json.JSONDecoder(), played.stdout.strip()
+    while text:  # each curl's answer, one JSON value after another
+        value, end = decoder.raw_decode(text)
+        answers.append(value)
+        text = text[end:].lstrip()
+    _seeded, looked, *moves, verdict = answers
+    assert looked["pos"] == [0, 0]
+    assert moves[-1]["pos"] == [3, 0]
+    assert verdict["reward"] == 1.0, verdict
 
 
 def test_the_create_app_example_prints_reward_one(gym_root: Path, tmp_path: Path) -> None:
