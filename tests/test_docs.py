@@ -94,6 +94,32 @@ def test_the_episode_by_hand_of_a_written_server_scores_one(tmp_path: Path) -> N
     assert verdict["reward"] == 1.0, verdict
 
 
+def test_the_gateway_example_plays_a_session_on_each_mount(tmp_path: Path) -> None:
+    """docs/gateways.md's example, run as written (its port a free one): both mounts listed, each session kept."""
+    (block,) = blocks(REPO / "docs" / "gateways.md", "bash")
+    serve, *curls = block.strip().splitlines()
+    command = serve.split()
+    assert command == ["gymhost", "serve", "example_single_tool_call", "example_session_state_mgmt", "--port", "8002",
+                       "&"]  # fmt: skip
+    port = str(free_port())
+    with serving(gymhost_command(*command[1:-2], port)):
+        played = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", "\n".join(curls).replace("8002", port)],
+            cwd=tmp_path, capture_output=True, text=True, check=False, timeout=120,
+        )  # fmt: skip
+    assert played.returncode == 0, played.stderr
+    answers, decoder, text = [], json.JSONDecoder(), played.stdout.strip()
+    while text:
+        value, end = decoder.raw_decode(text)
+        answers.append(value)
+        text = text[end:].lstrip()
+    ready, listed, *_, counted = answers
+    assert ready == {"status": "ok"}
+    prefixes = sorted(server["prefix"] for server in listed["servers"])
+    assert prefixes == ["/example_session_state_mgmt", "/example_single_tool_call"]
+    assert counted == {"count": 4}
+
+
 def test_the_create_app_example_prints_reward_one(gym_root: Path, tmp_path: Path) -> None:
     (block,) = [b for b in python_blocks() if "create_app(folder)" in b]
     placeholder = "path/to/resources_servers/example_session_state_mgmt"
