@@ -350,6 +350,22 @@ def test_the_ingress_alternative_routes_to_the_service_with_the_routes_cookie() 
     assert annotations["nginx.ingress.kubernetes.io/session-cookie-name"] == cookie
 
 
+def test_the_pod_monitor_scrapes_the_deployments_pods_with_its_token() -> None:
+    """The PodMonitor selects the Deployment's pods, scrapes their http port's /metrics with the token the
+    Deployment reads from the same Secret key, and names the job as the alert rules select it."""
+    (monitor,) = _load_all(KUBERNETES.parent / "podmonitor.yaml")
+    assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
+    deployment = _one("Deployment")
+    assert monitor["spec"]["selector"] == deployment["spec"]["selector"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in {port["name"] for port in _container(deployment)["ports"]}
+    assert endpoint["path"] == "/metrics"
+    token = next(e for e in _container(deployment)["env"] if e["name"] == "GYMHOST_TOKEN")
+    assert endpoint["authorization"]["credentials"] == token["valueFrom"]["secretKeyRef"]
+    job = deployment["spec"]["template"]["metadata"]["labels"][monitor["spec"]["jobLabel"]]
+    assert "gymhost" in job, "GymhostReplicaDown selects the job by a name that holds gymhost"
+
+
 def test_deployment_probes() -> None:
     container = _container(_one("Deployment"))
     ports = {port.get("name") for port in container["ports"]} | {port["containerPort"] for port in container["ports"]}
