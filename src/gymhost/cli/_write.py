@@ -124,13 +124,14 @@ def write(
 
 @contextmanager
 def _progress_lines(quiet: bool) -> Iterator[None]:
-    """What the writing says at INFO (``gymhost.environments``) as plain lines on stderr, while it runs."""
+    """What the writing says of its progress (``gymhost.progress``, at INFO) as plain lines on stderr, while it
+    runs; nothing else the code it runs logs."""
     if quiet:
         yield
         return
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter("gymhost: %(message)s"))
-    writing = logging.getLogger("gymhost.environments")
+    writing = logging.getLogger("gymhost.progress")
     level = writing.level
     writing.addHandler(handler)
     writing.setLevel(logging.INFO)

@@ -51,7 +51,9 @@ from ._wire import (
 
 __all__ = ["OpenEnvClient", "OpenEnvLauncher"]
 
-logger = logging.getLogger("gymhost.environments")
+# Progress of long work (reading a source's tasks), which `gymhost write` shows as it goes: a logger of its own, so
+# that showing it shows nothing else.
+progress = logging.getLogger("gymhost.progress")
 
 _CAPACITY_RETRY_S = (0.02, 0.05, 0.1, 0.2, 0.5)  # then every 0.5 s, until the load's limit
 # A verify ends the open turn with the final text, then every turn the environment opens after it with no reply; an
@@ -332,7 +334,7 @@ class OpenEnvLauncher:
                         raise MalformedReplyError(f"{self.url}: list_tools after {what}: {json.dumps(answer)[:300]}")
                 answers.append((reply["data"], listed))
                 if len(resets) > 1 and (10 * len(answers)) // len(resets) > (10 * (len(answers) - 1)) // len(resets):
-                    logger.info("%s, split %s: the resets of %d of %d tasks read", self.environment,
+                    progress.info("%s, split %s: the resets of %d of %d tasks read", self.environment,
                                 reset.get("split"), len(answers), len(resets))  # fmt: skip
         finally:
             await session.close()
