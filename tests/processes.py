@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import pty
 import re
+import select
 import signal
 import socket
 import subprocess
@@ -220,6 +222,41 @@ def descendants(pid: int) -> list[int]:
     for child in children(pid):
         found += [child, *descendants(child)]
     return sorted(found)
+
+
+def on_a_terminal(
+    command: list[str], *, timeout: float = 60, env: Mapping[str, str] | None = None, status: int = 0
+) -> str:
+    """What ``command`` shows when its input and output are a terminal (a pseudo-terminal of this test's, 240
+    columns), once it has ended with ``status``. ``env``: variables set over this process's own."""
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        command, stdin=terminal, stdout=terminal, stderr=terminal, env={**os.environ, "COLUMNS": "240", **(env or {})}
+    )
+    os.close(terminal)
+    shown = b""
+    try:
+        while True:
+            ready, _, _ = select.select([controller], [], [], timeout)
+            assert ready, f"{command[3:5]} showed nothing on its terminal for {timeout} s: {shown!r}"
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # the terminal closed: the command is done
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(controller)
+        assert process.wait(timeout) == status, shown
+    return shown.decode(errors="replace")
+
+
+def with_read_only(folder: Path, command: list[str]) -> list[str]:
+    """``command`` in a mount namespace of its own in which ``folder`` is read-only, as a pod's read-only root file
+    system is (``readOnlyRootFilesystem``); the command keeps this process's PID (``unshare`` and ``sh`` exec it)."""
+    script = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(folder), *command]
 
 
 # A user namespace of its own for the server, mapped onto the host's first 65,536 users one to one (the server is

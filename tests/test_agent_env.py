@@ -33,6 +33,7 @@ from .processes import (
     children,
     free_port,
     gymhost_command,
+    on_a_terminal,
     run_to_completion,
     serving,
 )
@@ -87,6 +88,11 @@ def test_write_says_how_far_it_has_read_the_tasks_unless_quiet(tmp_path: Path) -
     quiet = run_to_completion([*command[:-3], str(tmp_path / "quiet"), "--split", "smoke", "--quiet"], timeout=180)
     assert quiet.returncode == 0, quiet.stdout + quiet.stderr
     assert "tasks read" not in quiet.stderr
+    shown = on_a_terminal([*command[:-3], str(tmp_path / "shown"), "--split", "smoke"], timeout=180)
+    assert "agent_env_quiz, split smoke: tasks read" in shown, shown  # a bar, redrawn in place
+    assert "\x1b[" in shown, shown
+    assert "the resets of" not in shown, "a terminal gets a bar, not log lines"
+    assert "gymhost: wrote " in shown
 
 
 def app_of(server: ServerProcess) -> int:

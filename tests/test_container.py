@@ -45,6 +45,8 @@ PODMAN = ["podman", "--runtime", "runc"]
 TOKEN = "container-tier-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
 WEATHER = "example_single_tool_call"
+LACKED = "tomli-w>=1.0"  # a small package gymhost's image does not hold
+HOST_CA = "/etc/ssl/certs/ca-certificates.crt"
 GRIDSIM_NAME = GRIDSIM.name  # the written folder's name, its prefix
 
 
@@ -175,12 +177,15 @@ def running(
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory, gym_root: Path) -> Path:
-    """A Gym root with a written folder (the gridsim bundle) and one of Gym's own servers."""
+    """A Gym root with a written folder (the gridsim bundle) and one of Gym's own servers, whose requirements.txt
+    names a package the image lacks (as a folder served with ``--venv`` outside a pod would)."""
     from gymhost.environments import write_folder
 
     root = tmp_path_factory.mktemp("context") / "root"
     write_folder(str(GRIDSIM), root)
-    shutil.copytree(gym_root / WEATHER, root / "resources_servers" / WEATHER)
+    weather = Path(shutil.copytree(gym_root / WEATHER, root / "resources_servers" / WEATHER))
+    with (weather / "requirements.txt").open("a") as requirements:
+        requirements.write(f"\n{LACKED}\n")
     subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)  # mounted, it is read by the image's user
     return root
 
@@ -189,7 +194,9 @@ def root(tmp_path_factory: pytest.TempPathFactory, gym_root: Path) -> Path:
 def envs_image(root: Path) -> Iterator[str]:
     """The image the manifest names: gymhost's, with the root baked in by Containerfile.folders."""
     name = manifest("Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
-    build = [*PODMAN, "build", "--quiet", "-f", str(FOLDERS_CONTAINERFILE), "--build-arg", f"IMAGE={image()}"]
+    # The package index reached as make image reaches it (Containerfile.folders installs what the image lacks).
+    lend = ["-v", f"{HOST_CA}:{HOST_CA}:ro"] if Path(HOST_CA).is_file() else []
+    build = [*PODMAN, "build", "--quiet", *lend, "-f", str(FOLDERS_CONTAINERFILE), "--build-arg", f"IMAGE={image()}"]
     build += ["--build-arg", f"FOLDERS={root.name}", "-t", name, str(root.parent)]
     done = subprocess.run(build, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -209,6 +216,9 @@ def test_the_image_the_manifest_names_serves_a_written_folder_and_gyms_behind_on
         status = container.exec("cat", "/proc/1/status").stdout
         assert re.search(r"^Uid:\s+10001\s", status, re.MULTILINE), status  # not root
         assert container.exec("touch", "/opt/gymhost/written").returncode != 0  # the root file system is read-only
+        # What the baked folders need beyond the image was installed as it was built: nothing left to install.
+        assert container.exec("python", "-c", f"import {LACKED.split('>=')[0].replace('-', '_')}").returncode == 0
+        assert container.exec("gymhost", "requirements", "/srv/gym").stdout == ""
         assert (
             httpx.get(f"{container.url}/livez", timeout=CALL_TIMEOUT_S).status_code == 200
         )  # the liveness probe needs no token

@@ -42,7 +42,16 @@ from gymhost import FolderError, create_app
 from gymhost._hosting._lifespan import running_lifespan
 
 from .conftest import REPO
-from .processes import CALL_TIMEOUT_S, alive, assert_stopped_cleanly, children, free_port, gymhost_command, serving
+from .processes import (
+    CALL_TIMEOUT_S,
+    alive,
+    assert_stopped_cleanly,
+    children,
+    free_port,
+    gymhost_command,
+    serving,
+    with_read_only,
+)
 from .replay_helpers import InputRows, Replayed, plays_gymnasium, replay_gymnasium, replay_simple, rollouts
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.replay, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -174,6 +183,29 @@ async def test_a_folder_in_its_own_venv_replays_its_recorded_rewards(
     assert "building it a venv of its own" in server.output or "serving from its own venv" in server.output, (
         server.output
     )
+    hold_to_recording(name, played)
+
+
+async def test_a_venv_built_ahead_serves_on_a_read_only_file_system(gym_root: Path, venvs: dict[str, str]) -> None:
+    """A pod whose root file system is read-only, its folder's venv built ahead (a layer of its image, a volume):
+    ``serve --venv`` serves from that venv and plays as it recorded, writing nothing there (no lock to take)."""
+    name = folders("own_venv")[0]
+    folder = gym_root / "resources_servers" / name
+    settings = [f"--set={key}={value}" for key, value in MANIFEST[name].get("set", {}).items()]
+    command = gymhost_command("serve", str(folder), "--port", "0", "--venv", *settings)
+    with serving(command, env={**venvs, **time_limits(name)}):  # built ahead (or by the replay above)
+        pass
+    built = Path(venvs["GYMHOST_VENV_DIR"])
+    with serving(with_read_only(built, command), env={**venvs, **time_limits(name)}) as server:
+        assert _command_line(server.process.pid).startswith(f"{built}/{name}-"), "not served from its venv"
+        openapi = httpx.get(f"{server.url}/openapi.json", timeout=CALL_TIMEOUT_S).json()
+        played = await replay(
+            lambda: httpx.AsyncClient(base_url=server.url, timeout=REQUEST_TIMEOUT_S),
+            folder,
+            plays_gymnasium(set(openapi["paths"])),
+            _fields_added(openapi),
+        )
+    assert "Read-only file system" not in server.output, server.output
     hold_to_recording(name, played)
 
 

@@ -15,7 +15,14 @@ from gymhost import create_app, create_gateway, mounted_lifespan
 
 from .agentenv_helpers import GRIDSIM, rows
 from .gym_plays import example_rows, play_session_state
-from .processes import CALL_TIMEOUT_S, gymhost_command, run_to_completion, serving
+from .processes import (
+    CALL_TIMEOUT_S,
+    gymhost_command,
+    on_a_terminal,
+    run_to_completion,
+    serving,
+    with_read_only,
+)
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -76,7 +83,7 @@ def test_mistakes_are_one_line_naming_the_fix(gym_root: Path, tmp_path: Path) ->
     line = one_error_line("serve", UNMET)
     fix = "serve it with gymhost serve --venv (a venv of its own, built once, as Gym builds one), or install them here"
     assert line.startswith(f"Error: {UNMET}: its requirements.txt is not met here (jiwer"), line
-    assert line.endswith(fix), line
+    assert f"{fix} (gymhost requirements {gym_root / UNMET} lists them for pip install -r)" in line, line
 
 
 def test_a_venv_build_that_fails_says_where_its_output_is_and_how_to_run_it_again(
@@ -105,6 +112,36 @@ def test_a_venv_build_that_fails_says_where_its_output_is_and_how_to_run_it_agai
     assert str(listed) in error
     assert "surely-no-such-package-anywhere==0.0.1" in listed.read_text().splitlines()
     assert not list(venvs.glob("weather-*/bin/python")), "a failed build leaves no venv to be taken for a built one"
+    shown = on_a_terminal(gymhost_command("serve", str(folder), "--venv", "--port", "0"), env=env, status=1)
+    assert "weather: building its venv" in shown, shown  # a status line, redrawn in place
+    assert "Error: building a folder's venv failed (installing its requirements): " in shown, shown
+
+
+def test_a_venv_that_cannot_be_built_here_says_what_to_do_instead(gym_root: Path, tmp_path: Path) -> None:
+    """``serve --venv`` where the venvs' folder is read-only (a pod's root file system) and holds no venv built
+    ahead: one line naming the setting and the install to do instead, not a traceback."""
+    venvs = tmp_path / "venvs"
+    venvs.mkdir()
+    command = with_read_only(venvs, gymhost_command("serve", UNMET, "--venv", "--port", "0"))
+    done = run_to_completion(command, env={"GYMHOST_VENV_DIR": str(venvs)})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"Error: {UNMET}: its venv cannot be built in {venvs} (Read-only file system): set GYMHOST_VENV_DIR to a "
+        "writable folder with room for it (up to 1.5 GB), or install what it needs in this environment instead: "
+        f"gymhost requirements {gym_root / UNMET} > requirements.txt && pip install -r requirements.txt"
+    )
+
+
+def test_requirements_lists_what_to_install_for_pip(gym_root: Path) -> None:
+    """What ``gymhost requirements`` prints is what pip installs: the unmet lines of each folder that has any, under a
+    comment naming it; nothing for a folder whose requirements are met here."""
+    done = run_to_completion(gymhost_command("requirements", UNMET, WEATHER))
+    assert done.returncode == 0, done.stderr
+    unmet = [line for line in (gym_root / UNMET / "requirements.txt").read_text().splitlines()[1:] if line]
+    assert done.stdout.splitlines() == [f"# {UNMET} ({gym_root / UNMET})", *unmet]
+    assert [line.split(">=")[0] for line in unmet] == ["jiwer", "whisper_normalizer"], unmet
+    met = run_to_completion(gymhost_command("requirements", WEATHER))
+    assert (met.returncode, met.stdout) == (0, "")
 
 
 def test_a_busy_port_is_one_line_before_anything_is_built() -> None:

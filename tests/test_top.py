@@ -4,9 +4,6 @@ answering and of an address nobody serves; lines on a pipe, a redrawn table on a
 from __future__ import annotations
 
 import asyncio
-import os
-import pty
-import select
 import shlex
 import signal
 import subprocess
@@ -22,7 +19,15 @@ from gymhost import EpisodeClient
 from gymhost.environments import write_folder
 
 from .agentenv_helpers import COUNTER_TASK, make_bundle, rows
-from .processes import CALL_TIMEOUT_S, STATE_TIMEOUT_S, ServerProcess, free_port, gymhost_command, serving
+from .processes import (
+    CALL_TIMEOUT_S,
+    STATE_TIMEOUT_S,
+    ServerProcess,
+    free_port,
+    gymhost_command,
+    on_a_terminal,
+    serving,
+)
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
 
@@ -114,28 +119,7 @@ async def test_top_shows_a_draining_server_one_that_stops_answering_and_one_not_
 
 def test_top_on_a_terminal_redraws_a_table(folder: Path) -> None:
     with serve(folder) as server:
-        controller, terminal = pty.openpty()
-        command = [*gymhost_command("top", server.url, "--count", "2", "--interval", "0.2", "--token", TOKEN)]
-        process = subprocess.Popen(
-            command, stdin=terminal, stdout=terminal, stderr=terminal, env={**os.environ, "COLUMNS": "240"}
-        )
-        os.close(terminal)
-        shown = b""
-        try:
-            while True:
-                ready, _, _ = select.select([controller], [], [], 60)
-                assert ready, f"top said nothing on its terminal for a minute: {shown!r}"
-                try:
-                    chunk = os.read(controller, 65536)
-                except OSError:  # the terminal closed: top is done
-                    break
-                if not chunk:
-                    break
-                shown += chunk
-        finally:
-            os.close(controller)
-            assert process.wait(60) == 0, shown
-    text = shown.decode(errors="replace")
+        text = on_a_terminal(gymhost_command("top", server.url, "--count", "2", "--interval", "0.2", "--token", TOKEN))
     assert "gymhost top" in text
     assert "calls/s" in text
     assert server.url in text

@@ -24,13 +24,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
-from .._config import venv_root
+from .._config import VENV_DIR_ENV_VAR, venv_root
 from .._exceptions import ServeError
 from ._requirements import requirements_of
 
@@ -89,10 +89,26 @@ def folder_venv(folder: Path) -> Path:
     venvs = venv_root()
     venv = venvs / f"{folder.name}-{key}"
     python = venv / "bin" / "python"
-    venvs.mkdir(parents=True, exist_ok=True)
-    with _locked(venvs / f".{venv.name}.lock"):
+
+    def built() -> bool:
         if (venv / _BUILT).is_file():
             logger.info("%s: serving from its own venv %s", folder.name, venv)
+        return (venv / _BUILT).is_file()
+
+    if built():  # maybe ahead, on a file system read-only now (an image's): nothing to lock
+        return python
+    try:
+        venvs.mkdir(parents=True, exist_ok=True)
+        lock = (venvs / f".{venv.name}.lock").open("w")
+    except OSError as error:  # a read-only file system (a pod's), a full disk: no build here, and why
+        raise ServeError(
+            f"{folder.name}: its venv cannot be built in {venvs} ({error.strerror}): set {VENV_DIR_ENV_VAR} to a "
+            "writable folder with room for it (up to 1.5 GB), or install what it needs in this environment "
+            f"instead: gymhost requirements {folder} > requirements.txt && pip install -r requirements.txt"
+        ) from error
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build of a venv at a time; released as the file closes
+        if built():  # by another server, while this one waited
             return python
         shutil.rmtree(venv, ignore_errors=True)  # a build that did not finish
         began = time.monotonic()
@@ -163,8 +179,9 @@ def _build(venv: Path, requirements: list[str], installer: _Installer) -> None:
 
 class _Installer:
     """Runs the installer's commands with their output in ``log``, and says how the build goes while it runs (a
-    build takes minutes: a line every ``_SAY_EVERY_S`` with the installer's last line); a failure says the output's
-    end, where the rest is, and the command to run it again."""
+    build takes minutes): on a terminal, a status line redrawn in place; otherwise a log line every
+    ``_SAY_EVERY_S``; either with the time so far and the installer's last line. A failure says the output's end,
+    where the rest is, and the command to run it again."""
 
     def __init__(self, name: str, log: Path) -> None:
         self.name, self.log = name, log
@@ -172,18 +189,18 @@ class _Installer:
 
     def run(self, command: list[str], what: str) -> None:
         began = time.monotonic()
-        with self.log.open("a") as output:
+        with self.log.open("a") as output, self._shown() as (say, every):
             output.write(f"$ {shlex.join(command)}\n")
             output.flush()
             start = output.tell()
             process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             while True:
                 try:
-                    status = process.wait(_SAY_EVERY_S)
+                    status = process.wait(every)
                     break
                 except subprocess.TimeoutExpired:
-                    logger.warning("%s: building its venv, %s: %.0fs so far; the installer's last line: %s",
-                                   self.name, what, time.monotonic() - began, self._last_line())  # fmt: skip
+                    say(f"{self.name}: building its venv, {what}: {time.monotonic() - began:.0f}s so far; the "
+                        f"installer's last line: {self._last_line()}")  # fmt: skip
                 except BaseException:
                     process.kill()
                     process.wait()
@@ -194,6 +211,18 @@ class _Installer:
                 f"building a folder's venv failed ({what}): {' | '.join(tail)}; the installer's whole output is in "
                 f"{self.log}; to run it again: {shlex.join(command)}"
             )
+
+    @contextlib.contextmanager
+    def _shown(self) -> Iterator[tuple[Callable[[str], None], float]]:
+        """How the build's progress is said, and how often."""
+        if not sys.stderr.isatty():
+            yield (lambda line: logger.warning("%s", line)), _SAY_EVERY_S
+            return
+        from rich.console import Console
+        from rich.text import Text
+
+        with Console(stderr=True).status(f"{self.name}: building its venv") as status:
+            yield (lambda line: status.update(Text(line[: status.console.width - 4]))), 0.5
 
     def _output(self, start: int = 0) -> list[str]:
         with self.log.open(errors="replace") as output:
@@ -219,13 +248,3 @@ def _python_version_for_nemo_gym() -> str | None:
         return None
     floors = [spec.version for spec in specifier if spec.operator in (">=", "==", "~=")]
     return floors[0] if floors else None
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -183,7 +183,8 @@ class Server:
         if not self.config.venv:
             raise ServeError(
                 f"{folder.name}: its requirements.txt is not met here ({', '.join(unmet)}): serve it with "
-                "gymhost serve --venv (a venv of its own, built once, as Gym builds one), or install them here"
+                "gymhost serve --venv (a venv of its own, built once, as Gym builds one), or install them here "
+                f"(gymhost requirements {folder} lists them for pip install -r)"
             )
         from .._hosting._venvs import folder_venv
         from .._nemo_gym import require_nemo_gym

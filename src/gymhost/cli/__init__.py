@@ -15,6 +15,7 @@ import click
 from .._version import __version__
 from ._check import check
 from ._list import list_servers
+from ._requirements import requirements
 from ._serve import serve
 from ._top import top
 from ._write import write
@@ -60,5 +61,5 @@ def main() -> None:
     """
 
 
-for _command in (serve, list_servers, write, check, top):
+for _command in (serve, list_servers, requirements, write, check, top):
     main.add_command(_command)

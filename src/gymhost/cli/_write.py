@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import click
 
@@ -124,19 +127,51 @@ def write(
 
 @contextmanager
 def _progress_lines(quiet: bool) -> Iterator[None]:
-    """What the writing says of its progress (``gymhost.progress``, at INFO) as plain lines on stderr, while it
-    runs; nothing else the code it runs logs."""
+    """What the writing says of its progress (``gymhost.progress``) while it runs, nothing else the code it runs logs:
+    on a terminal, a bar of the tasks read (each read is a DEBUG record with ``done`` and ``total``); otherwise its
+    INFO lines, plain, on stderr."""
     if quiet:
         yield
         return
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("gymhost: %(message)s"))
     writing = logging.getLogger("gymhost.progress")
     level = writing.level
-    writing.addHandler(handler)
-    writing.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        writing.removeHandler(handler)
-        writing.setLevel(level)
+    with contextlib.ExitStack() as shown:
+        if sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+            bar = shown.enter_context(Progress(*columns, transient=True, console=Console(stderr=True)))
+            handler: logging.Handler = _Bar(bar)
+            writing.setLevel(logging.DEBUG)
+        else:
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("gymhost: %(message)s"))
+            writing.setLevel(logging.INFO)
+        writing.addHandler(handler)
+        try:
+            yield
+        finally:
+            writing.removeHandler(handler)
+            writing.setLevel(level)
+
+
+class _Bar(logging.Handler):
+    """Progress records as a rich bar: one task per thing counted (its message up to the counts), moved to ``done``
+    of ``total``; a record without counts is printed above the bar."""
+
+    def __init__(self, bar: Any) -> None:
+        super().__init__()
+        self.bar = bar
+        self.tasks: dict[str, Any] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        done, total = getattr(record, "done", None), getattr(record, "total", None)
+        message = record.getMessage()
+        if done is None or total is None:
+            self.bar.console.print(f"gymhost: {message}", highlight=False, markup=False)
+            return
+        what = message.split(": the ", 1)[0]
+        if what not in self.tasks:
+            self.tasks[what] = self.bar.add_task(f"{what}: tasks read", total=total)
+        self.bar.update(self.tasks[what], completed=done, total=total)

@@ -333,9 +333,12 @@ class OpenEnvLauncher:
                     if listed is None:
                         raise MalformedReplyError(f"{self.url}: list_tools after {what}: {json.dumps(answer)[:300]}")
                 answers.append((reply["data"], listed))
-                if len(resets) > 1 and (10 * len(answers)) // len(resets) > (10 * (len(answers) - 1)) // len(resets):
-                    progress.info("%s, split %s: the resets of %d of %d tasks read", self.environment,
-                                reset.get("split"), len(answers), len(resets))  # fmt: skip
+                # Each read, for a progress bar (DEBUG); a tenth at a time, for a log (INFO).
+                tenth = (10 * len(answers)) // len(resets) > (10 * (len(answers) - 1)) // len(resets)
+                if len(resets) > 1 and progress.isEnabledFor(logging.INFO if tenth else logging.DEBUG):
+                    progress.log(logging.INFO if tenth else logging.DEBUG, "%s, split %s: the resets of %d of %d "
+                                 "tasks read", self.environment, reset.get("split"), len(answers), len(resets),
+                                 extra={"done": len(answers), "total": len(resets)})  # fmt: skip
         finally:
             await session.close()
         return answers
