@@ -43,6 +43,8 @@ NODE = TOOLS / "node"
 SETUP_INPUTS = ("package.json", "httproute.ts", "tsconfig.json")  # copied into NODE by setup.sh
 # The Kubernetes release the core kinds are checked against (kubernetes-validate 1.37.0 has schemas for 1.25 to 1.37).
 KUBERNETES_VERSION = "1.33"
+# The custom resources' API groups crd_check.mjs has models of (package.json's @kubernetes-models packages).
+CRD_GROUPS = ("gateway.networking.k8s.io/", "monitoring.coreos.com/")
 
 Document = dict[str, Any]
 
@@ -77,8 +79,9 @@ def _load_all(path: Path) -> list[Document]:
 
 
 def _one(kind: str) -> Document:
-    docs = [doc for doc in _load_all(KUBERNETES) if doc.get("kind") == kind]
-    assert len(docs) == 1, f"{KUBERNETES.name} should have one {kind}, has {len(docs)}"
+    manifest = KUBERNETES.parent / "podmonitor.yaml" if kind == "PodMonitor" else KUBERNETES
+    docs = [doc for doc in _load_all(manifest) if doc.get("kind") == kind]
+    assert len(docs) == 1, f"{manifest.name} should have one {kind}, has {len(docs)}"
     return docs[0]
 
 
@@ -120,21 +123,28 @@ def httproute_errors(doc: Document) -> list[str]:
         f"schema: {_path(error.absolute_path)}: {error.message}"
         for error in jsonschema.Draft7Validator(schema).iter_errors(doc)
     ]
+    return errors + crd_errors(doc)
+
+
+def crd_errors(doc: Document) -> list[str]:
+    """A custom resource checked by its @kubernetes-models package's validators (crd_check.mjs)."""
     checked = subprocess.run(
-        ["node", str(SOURCES / "gateway_check.mjs"), str(NODE)],
+        ["node", str(SOURCES / "crd_check.mjs"), str(NODE)],
         input=json.dumps([doc]),
         capture_output=True,
         text=True,
         timeout=120,
         check=False,
     )
-    assert checked.returncode == 0, f"gateway_check.mjs failed: {checked.stderr}"
-    return errors + [f"gateway-api: {error}" for error in json.loads(checked.stdout)[0]]
+    assert checked.returncode == 0, f"crd_check.mjs failed: {checked.stderr}"
+    return [f"{doc['apiVersion'].split('/')[0]}: {error}" for error in json.loads(checked.stdout)[0]]
 
 
 def kubernetes_errors(doc: Document) -> list[str]:
     if doc.get("apiVersion") == "gateway.networking.k8s.io/v1" and doc.get("kind") == "HTTPRoute":
         return httproute_errors(doc)
+    if str(doc.get("apiVersion")).startswith(CRD_GROUPS):
+        return crd_errors(doc)
     return core_errors(doc)  # any other kind without a schema here is reported, not passed
 
 
@@ -157,7 +167,11 @@ def envoy_errors(config: Document) -> list[str]:
     return []
 
 
-@pytest.mark.parametrize("manifest", [KUBERNETES, KUBERNETES.parent / "ingress-nginx.yaml"], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "manifest",
+    [KUBERNETES, *(KUBERNETES.parent / name for name in ("ingress-nginx.yaml", "podmonitor.yaml"))],
+    ids=lambda p: p.name,
+)
 def test_kubernetes_manifests_validate(manifest: Path) -> None:
     docs = _load_all(manifest)
     assert docs, f"{manifest} has no documents"
@@ -246,15 +260,22 @@ MISTAKES = [
         lambda d: _rule(d)["sessionPersistence"].update(type="Cookies"),
         [
             "schema: spec.rules.0.sessionPersistence.type: 'Cookies' is not one of ['Cookie', 'Header']",
-            "gateway-api: /spec/rules/0/sessionPersistence/type: must be equal to one of the allowed values",
+            "gateway.networking.k8s.io: /spec/rules/0/sessionPersistence/type: must be equal to one of the allowed "
+            "values",
         ],
         id="HTTPRoute type: Cookies",
     ),
     pytest.param(
         "HTTPRoute",
         lambda d: _rule(d)["backendRefs"][0].update(port=70000),
-        ["gateway-api: /spec/rules/0/backendRefs/0/port: must be <= 65535"],
+        ["gateway.networking.k8s.io: /spec/rules/0/backendRefs/0/port: must be <= 65535"],
         id="HTTPRoute port 70000",
+    ),
+    pytest.param(
+        "PodMonitor",
+        lambda d: d["spec"]["podMetricsEndpoints"][0].update(scheme="htp"),
+        ["monitoring.coreos.com: /spec/podMetricsEndpoints/0/scheme: must be equal to one of the allowed values"],
+        id="PodMonitor scheme htp",
     ),
     pytest.param(
         "envoy",
@@ -353,7 +374,7 @@ def test_the_ingress_alternative_routes_to_the_service_with_the_routes_cookie() 
 def test_the_pod_monitor_scrapes_the_deployments_pods_with_its_token() -> None:
     """The PodMonitor selects the Deployment's pods, scrapes their http port's /metrics with the token the
     Deployment reads from the same Secret key, and names the job as the alert rules select it."""
-    (monitor,) = _load_all(KUBERNETES.parent / "podmonitor.yaml")
+    monitor = _one("PodMonitor")
     assert (monitor["apiVersion"], monitor["kind"]) == ("monitoring.coreos.com/v1", "PodMonitor")
     deployment = _one("Deployment")
     assert monitor["spec"]["selector"] == deployment["spec"]["selector"]
