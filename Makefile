@@ -351,7 +351,7 @@ bench-hypercorn: .venv-gym07/.installed
 
 # The image's size and its time to ready (benchmarks/image.py), into results/<date>-image.json.
 bench-image: image .venv-gym07/.installed
-	cd benchmarks && GYMHOST_IMAGE=$(IMAGE) ../.venv-gym07/bin/python image.py
+	cd benchmarks && GYMHOST_IMAGE=$(IMAGE) GYMHOST_BASELINE_IMAGE=$(BASELINE_IMAGE) ../.venv-gym07/bin/python image.py
 
 # Process mode beside in-process mode (benchmarks/process_mode.py); BASELINE=<revision> adds that revision's two.
 bench-process-mode: .venv-gym07/.installed

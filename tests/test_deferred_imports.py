@@ -31,8 +31,39 @@ def run(code: str, *, deferred: bool = True) -> str:
 
 
 def test_serving_imports_none_of_gyms_reward_profiling_stack() -> None:
-    imported = run("import sys; print(sorted({'pandas', 'scipy', 'ray', 'hydra'} & set(sys.modules)))")
+    """Nor rich, Pygments and markdown-it: Gym's launcher help (``config_types``) and httpx's command-line client."""
+    unused = "{'pandas', 'scipy', 'ray', 'hydra', 'rich', 'pygments', 'markdown_it'}"
+    imported = run(f"import sys; print(sorted({unused} & set(sys.modules)))")
     assert imported == "[]"
+
+
+def test_what_is_deferred_still_works_when_used() -> None:
+    """Gym's launcher help prints with rich through the stand-ins (its Markdown, its Text), and ``httpx.main`` (the
+    ``httpx`` command's entry point) runs httpx's real command-line client."""
+    shown = run(
+        """
+        import contextlib, io, sys
+        from nemo_gym.config_types import BaseNeMoGymCLIConfig
+
+        class Example(BaseNeMoGymCLIConfig):
+            \"\"\"What the *example* does.\"\"\"
+
+            rounds: int = 3
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            Example.model_validate({"help": True})
+        import httpx
+        sys.argv = ["httpx", "--help"]
+        with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+            httpx.main()
+        print(repr(out.getvalue()))
+        """
+    )
+    assert "Displaying help for Example" in shown, shown
+    assert "What the example does." in shown, shown  # rendered from Markdown
+    assert "- rounds (int)" in shown, shown
+    assert "A next generation HTTP client" in shown, shown
 
 
 def test_gyms_own_aggregate_metrics_are_the_same_and_then_use_the_real_pandas() -> None:

@@ -5,6 +5,11 @@ The public API is assembled here; every other module is an implementation detail
 
 from __future__ import annotations
 
+# ruff: noqa: E402 (httpx's command-line client is deferred before anything imports httpx)
+from ._deferred_imports import defer_httpx_cli
+
+defer_httpx_cli()
+
 from ._client import EpisodeClient, ToolOutput, Transcript
 from ._config import NO_TOKEN, AppSettings, ServeConfig
 from ._exceptions import (

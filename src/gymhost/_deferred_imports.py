@@ -35,13 +35,20 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["DEFERRED_PACKAGES", "DEFERRING_MODULES", "NOT_INSTALLED", "defer_training_imports"]
+__all__ = ["DEFERRED_PACKAGES", "DEFERRING_MODULES", "NOT_INSTALLED", "defer_httpx_cli", "defer_training_imports"]
 
-# Packages a resources server does not need to serve (measured with -X importtime on nemo-gym 0.4.0 and 0.7.0).
-DEFERRED_PACKAGES = frozenset({"pandas", "scipy", "wandb", "ray", "hydra"})
+# Packages a resources server does not need to serve (measured with -X importtime on nemo-gym 0.4.0 and 0.7.0): rich
+# is only the launcher's help and warnings (``config_types`` imports ``rich.markdown``, and with it markdown-it).
+DEFERRED_PACKAGES = frozenset({"pandas", "scipy", "wandb", "ray", "hydra", "rich"})
 # The Gym modules whose top level imports them; nothing else is touched.
 DEFERRING_MODULES = frozenset(
-    {"nemo_gym.global_config", "nemo_gym.server_utils", "nemo_gym.reward_profile", "nemo_gym.rollout_collection"}
+    {
+        "nemo_gym.global_config",
+        "nemo_gym.server_utils",
+        "nemo_gym.reward_profile",
+        "nemo_gym.rollout_collection",
+        "nemo_gym.config_types",
+    }
 )
 # The version a deferring module reads of a deferred package that is not installed: PEP 440, and saying so.
 NOT_INSTALLED = "0+not.installed"
@@ -199,3 +206,22 @@ def defer_training_imports() -> None:
     take effect, called before nemo-gym is imported."""
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
+
+
+def defer_httpx_cli() -> None:
+    """httpx imports its command-line client (``httpx._main``: rich's console, progress and syntax, and Pygments)
+    whenever rich and Pygments are installed, as they are with gymhost (``gymhost top``), though nothing gymhost or a
+    server runs calls it. Before httpx is first imported, its ``_main`` is a stand-in whose ``main`` imports the
+    real module and runs it, so ``httpx.main`` (the ``httpx`` command's entry point) still works; nothing else of
+    ``httpx._main`` is httpx's API. Does nothing once httpx is imported."""
+    if "httpx" in sys.modules or "httpx._main" in sys.modules:
+        return
+    stand_in = types.ModuleType("httpx._main", "httpx's command-line client, imported when httpx.main is called")
+
+    def main(*args: Any, **kwargs: Any) -> Any:
+        if sys.modules.get("httpx._main") is stand_in:
+            del sys.modules["httpx._main"]
+        return importlib.import_module("httpx._main").main(*args, **kwargs)
+
+    stand_in.main = main  # type: ignore[attr-defined]
+    sys.modules["httpx._main"] = stand_in
