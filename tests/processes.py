@@ -228,17 +228,19 @@ def on_a_terminal(
     command: list[str], *, timeout: float = 60, env: Mapping[str, str] | None = None, status: int = 0
 ) -> str:
     """What ``command`` shows when its input and output are a terminal (a pseudo-terminal of this test's, 240
-    columns), once it has ended with ``status``. ``env``: variables set over this process's own."""
+    columns), once it has ended with ``status`` within ``timeout``. ``env``: variables set over this process's own."""
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
         command, stdin=terminal, stdout=terminal, stderr=terminal, env={**os.environ, "COLUMNS": "240", **(env or {})}
     )
     os.close(terminal)
     shown = b""
+    deadline = time.monotonic() + timeout
     try:
         while True:
-            ready, _, _ = select.select([controller], [], [], timeout)
-            assert ready, f"{command[3:5]} showed nothing on its terminal for {timeout} s: {shown!r}"
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([controller], [], [], max(left, 0))
+            assert ready, f"{command[3:5]} did not end within {timeout} s on its terminal: {shown!r}"
             try:
                 chunk = os.read(controller, 65536)
             except OSError:  # the terminal closed: the command is done
@@ -246,9 +248,12 @@ def on_a_terminal(
             if not chunk:
                 break
             shown += chunk
+        assert process.wait(max(deadline - time.monotonic(), 1)) == status, shown
     finally:
         os.close(controller)
-        assert process.wait(timeout) == status, shown
+        if process.poll() is None:
+            process.kill()
+            process.wait()
     return shown.decode(errors="replace")
 
 

@@ -40,11 +40,16 @@ ALERTS = REPO / "deploy" / "prometheus" / "gymhost-alerts.yaml"
 SOURCES = REPO / "tests" / "manifests"
 TOOLS = Path(sys.prefix)  # the venv setup.sh built
 NODE = TOOLS / "node"
-SETUP_INPUTS = ("package.json", "httproute.ts", "tsconfig.json")  # copied into NODE by setup.sh
+SETUP_INPUTS = ("package.json", "httproute.ts", "podmonitor.ts", "tsconfig.json")  # copied into NODE by setup.sh
 # The Kubernetes release the core kinds are checked against (kubernetes-validate 1.37.0 has schemas for 1.25 to 1.37).
 KUBERNETES_VERSION = "1.33"
 # The custom resources' API groups crd_check.mjs has models of (package.json's @kubernetes-models packages).
 CRD_GROUPS = ("gateway.networking.k8s.io/", "monitoring.coreos.com/")
+# The custom resources deploy/ uses that setup.sh made strict schemas of (NODE/<name>.schema.json).
+STRICT_SCHEMAS = {
+    ("gateway.networking.k8s.io/v1", "HTTPRoute"): "httproute",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitor",
+}
 
 Document = dict[str, Any]
 
@@ -54,7 +59,8 @@ def toolset() -> None:
     """This tier runs only in setup.sh's venv, with inputs as the checkout has them; anywhere else it fails."""
     rebuild = "run this tier with `make test-manifests` (it builds .venv-manifests with tests/manifests/setup.sh)"
     missing = [m for m in ("kubernetes_validate", "envoy_data_plane", "jsonschema", "yaml") if not _importable(m)]
-    missing += [str(p) for p in (NODE / "node_modules", NODE / "httproute.schema.json") if not p.exists()]
+    built = [NODE / "node_modules", *(NODE / f"{name}.schema.json" for name in STRICT_SCHEMAS.values())]
+    missing += [str(path) for path in built if not path.exists()]
     missing += [] if shutil.which("node") else ["node"]
     if missing:
         pytest.fail(f"the manifests tier's tools are missing ({', '.join(missing)}): {rebuild}")
@@ -114,14 +120,15 @@ def core_errors(doc: Document) -> list[str]:
     return []
 
 
-def httproute_errors(doc: Document) -> list[str]:
-    """The strict schema rejects unknown fields; the package's validators check patterns, ranges and lengths."""
+def strict_errors(doc: Document, schema: str) -> list[str]:
+    """A strict schema (setup.sh's, from the package's types) rejects unknown fields, which the package's validators
+    (``crd_errors``) do not; those check patterns, ranges and lengths."""
     import jsonschema
 
-    schema = json.loads((NODE / "httproute.schema.json").read_text())
+    strict = json.loads((NODE / f"{schema}.schema.json").read_text())
     errors = [
         f"schema: {_path(error.absolute_path)}: {error.message}"
-        for error in jsonschema.Draft7Validator(schema).iter_errors(doc)
+        for error in jsonschema.Draft7Validator(strict).iter_errors(doc)
     ]
     return errors + crd_errors(doc)
 
@@ -141,8 +148,9 @@ def crd_errors(doc: Document) -> list[str]:
 
 
 def kubernetes_errors(doc: Document) -> list[str]:
-    if doc.get("apiVersion") == "gateway.networking.k8s.io/v1" and doc.get("kind") == "HTTPRoute":
-        return httproute_errors(doc)
+    strict = STRICT_SCHEMAS.get((str(doc.get("apiVersion")), str(doc.get("kind"))))
+    if strict is not None:
+        return strict_errors(doc, strict)
     if str(doc.get("apiVersion")).startswith(CRD_GROUPS):
         return crd_errors(doc)
     return core_errors(doc)  # any other kind without a schema here is reported, not passed
@@ -276,6 +284,12 @@ MISTAKES = [
         lambda d: d["spec"]["podMetricsEndpoints"][0].update(scheme="htp"),
         ["monitoring.coreos.com: /spec/podMetricsEndpoints/0/scheme: must be equal to one of the allowed values"],
         id="PodMonitor scheme htp",
+    ),
+    pytest.param(
+        "PodMonitor",
+        lambda d: d["spec"].update(podMetricEndpoints=d["spec"].pop("podMetricsEndpoints")),
+        ["schema: spec: Additional properties are not allowed ('podMetricEndpoints' was unexpected)"],
+        id="PodMonitor podMetricEndpoints",
     ),
     pytest.param(
         "envoy",

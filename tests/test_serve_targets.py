@@ -128,7 +128,7 @@ def test_a_venv_that_cannot_be_built_here_says_what_to_do_instead(gym_root: Path
     assert done.stderr.strip().splitlines()[-1] == (
         f"Error: {UNMET}: its venv cannot be built in {venvs} (Read-only file system): set GYMHOST_VENV_DIR to a "
         "writable folder with room for it (up to 1.5 GB), or install what it needs in this environment instead: "
-        f"gymhost requirements {gym_root / UNMET} > requirements.txt && pip install -r requirements.txt"
+        f"gymhost requirements {gym_root / UNMET} | pip install -r /dev/stdin"
     )
 
 

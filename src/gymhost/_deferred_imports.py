@@ -28,6 +28,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.metadata
+import importlib.util
 import re
 import sys
 import threading
@@ -210,17 +211,21 @@ def defer_training_imports() -> None:
 
 def defer_httpx_cli() -> None:
     """httpx imports its command-line client (``httpx._main``: rich's console, progress and syntax, and Pygments)
-    whenever rich and Pygments are installed, as they are with gymhost (``gymhost top``), though nothing gymhost or a
-    server runs calls it. Before httpx is first imported, its ``_main`` is a stand-in whose ``main`` imports the
-    real module and runs it, so ``httpx.main`` (the ``httpx`` command's entry point) still works; nothing else of
-    ``httpx._main`` is httpx's API. Does nothing once httpx is imported."""
+    whenever rich, Pygments and click are installed, as they are with gymhost (``gymhost top``), though nothing
+    gymhost or a server runs calls it. Before httpx is first imported, its ``_main`` is a stand-in whose ``main``
+    imports the real module and runs it, so ``httpx.main`` (the ``httpx`` command's entry point) still works; nothing
+    else of ``httpx._main`` is httpx's API. Does nothing once httpx is imported, or where the client could not be
+    imported anyway (httpx then says how to install it, as ever)."""
     if "httpx" in sys.modules or "httpx._main" in sys.modules:
         return
+    if any(importlib.util.find_spec(package) is None for package in ("rich", "pygments", "click")):
+        return
     stand_in = types.ModuleType("httpx._main", "httpx's command-line client, imported when httpx.main is called")
+    stand_in.__spec__ = importlib.machinery.ModuleSpec("httpx._main", None)
 
     def main(*args: Any, **kwargs: Any) -> Any:
         if sys.modules.get("httpx._main") is stand_in:
-            del sys.modules["httpx._main"]
+            sys.modules.pop("httpx._main", None)
         return importlib.import_module("httpx._main").main(*args, **kwargs)
 
     stand_in.main = main  # type: ignore[attr-defined]

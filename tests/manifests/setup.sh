@@ -4,8 +4,8 @@
 #   DIR/                          a venv from PYTHON with requirements.txt (kubernetes-validate, envoy-data-plane,
 #                                 pytest, ...); tests/test_manifests.py runs in it and finds the rest through it
 #   DIR/node/node_modules/        package.json's npm packages
-#   DIR/node/httproute.schema.json  a strict JSON Schema of HTTPRoute (unknown fields rejected), generated from
-#                                 httproute.ts
+#   DIR/node/httproute.schema.json, podmonitor.schema.json  strict JSON Schemas of HTTPRoute and PodMonitor
+#                                 (unknown fields rejected), generated from httproute.ts and podmonitor.ts
 # @kubernetes-models/gateway-api is pinned to exactly 2.0.0: it is built from Gateway API v1.5.1's CRDs, with the
 # experimental HTTPRoute sessionPersistence deploy/kubernetes uses. 2.0.0 declares engines node >= 22 (it runs on
 # node 20), and on an older node npm resolves any looser spec to 0.5.1 (Gateway API v1.0, no sessionPersistence).
@@ -31,9 +31,12 @@ DIR=$(cd "$DIR" && pwd)
 # The inputs are copied beside what they built: the tests compare them with the checkout's, so stale tools fail.
 mkdir "$DIR/node"
 cp "$HERE/requirements.txt" "$DIR/"
-cp "$HERE/package.json" "$HERE/httproute.ts" "$HERE/tsconfig.json" "$DIR/node/"
+cp "$HERE/package.json" "$HERE/httproute.ts" "$HERE/podmonitor.ts" "$HERE/tsconfig.json" "$DIR/node/"
 (cd "$DIR/node" && npm install --no-audit --no-fund --loglevel=error >/dev/null)
-"$DIR/node/node_modules/.bin/ts-json-schema-generator" --path "$DIR/node/httproute.ts" \
-    --tsconfig "$DIR/node/tsconfig.json" --type HTTPRoute --no-type-check --out "$DIR/node/httproute.schema.json"
+for kind in HTTPRoute PodMonitor; do
+    name=$(echo "$kind" | tr '[:upper:]' '[:lower:]')
+    "$DIR/node/node_modules/.bin/ts-json-schema-generator" --path "$DIR/node/$name.ts" \
+        --tsconfig "$DIR/node/tsconfig.json" --type "$kind" --no-type-check --out "$DIR/node/$name.schema.json"
+done
 
 touch "$DIR/.installed"

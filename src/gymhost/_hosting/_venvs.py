@@ -32,7 +32,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from .._config import VENV_DIR_ENV_VAR, venv_root
 from .._exceptions import ServeError
-from ._requirements import requirements_of
+from .._terminal import redraws_in_place
+from ._requirements import requirement_lines, requirements_of
 
 __all__ = ["folder_venv", "gymhost_dependency", "gymhost_requirement", "unmet_requirements"]
 
@@ -104,7 +105,7 @@ def folder_venv(folder: Path) -> Path:
         raise ServeError(
             f"{folder.name}: its venv cannot be built in {venvs} ({error.strerror}): set {VENV_DIR_ENV_VAR} to a "
             "writable folder with room for it (up to 1.5 GB), or install what it needs in this environment "
-            f"instead: gymhost requirements {folder} > requirements.txt && pip install -r requirements.txt"
+            f"instead: gymhost requirements {folder} | pip install -r /dev/stdin"
         ) from error
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build of a venv at a time; released as the file closes
@@ -138,11 +139,7 @@ def _requirements(folder: Path) -> list[str]:
     nemo_gym = importlib.metadata.version("nemo-gym")
     extras = ""
     lines = []
-    path = folder / "requirements.txt"
-    for raw in path.read_text().splitlines() if path.is_file() else []:
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
+    for line in requirement_lines(folder / "requirements.txt"):  # as pip reads them: the files -r names inlined
         match = _NEMO_GYM_LINE.match(line)
         if match:
             extras = match.group(2) or extras
@@ -215,7 +212,7 @@ class _Installer:
     @contextlib.contextmanager
     def _shown(self) -> Iterator[tuple[Callable[[str], None], float]]:
         """How the build's progress is said, and how often."""
-        if not sys.stderr.isatty():
+        if not redraws_in_place(sys.stderr):
             yield (lambda line: logger.warning("%s", line)), _SAY_EVERY_S
             return
         from rich.console import Console

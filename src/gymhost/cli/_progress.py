@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from .._terminal import redraws_in_place
+
 __all__ = ["Progress", "progress"]
 
 
@@ -55,7 +57,7 @@ class Progress:
 @contextmanager
 def progress(what: str, *, quiet: bool = False) -> Iterator[Progress]:
     shown = Progress(what, quiet)
-    if quiet or not sys.stdout.isatty():
+    if quiet or not redraws_in_place(sys.stdout):
         yield shown
         return
     from rich.progress import (

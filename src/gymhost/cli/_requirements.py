@@ -3,8 +3,8 @@
 A folder whose ``requirements.txt`` this environment does not meet is served with ``--venv`` (a venv of its own,
 built at start). Where nothing can be built at start (a pod's read-only file system, an image that must start in a
 second), the same packages are installed ahead instead, into the environment that serves it:
-``gymhost requirements FOLDER > requirements.txt && pip install -r requirements.txt`` (``Containerfile.folders``
-does that for the folders it bakes in)."""
+``gymhost requirements FOLDER | pip install -r /dev/stdin`` (``Containerfile.folders`` does that for the folders it
+bakes in). Lines gymhost cannot judge (a path, an editable install) are said on stderr and left out."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ def requirements(paths: tuple[str, ...]) -> None:
     (a comment names each server); nothing when every one is met.
 
     \b
-    gymhost requirements mcqa > requirements.txt && pip install -r requirements.txt
+    gymhost requirements mcqa | pip install -r /dev/stdin
     """
-    from .._hosting._requirements import requirements_of
+    from .._hosting._requirements import index_options, requirements_of
     from .._hosting._targets import resolve_targets
 
     with one_line_errors():
@@ -33,5 +33,5 @@ def requirements(paths: tuple[str, ...]) -> None:
         unmet = [requirement.line for requirement in requirements_of(folder) if not requirement.met]
         if unmet:
             click.echo(f"# {folder.name} ({folder})")
-            for line in unmet:
+            for line in [*index_options(folder), *unmet]:  # where its packages come from, first
                 click.echo(line)

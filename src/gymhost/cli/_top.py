@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import click
 
 from .._config import TOKEN_ENV_VAR
+from .._terminal import redraws_in_place
 from .._watching import View
 
 __all__ = ["top"]
@@ -72,7 +73,7 @@ def _quoted(value: str) -> str:
 
 
 def _on_a_terminal() -> bool:
-    return sys.stdout.isatty()
+    return redraws_in_place(sys.stdout)
 
 
 def _live(refreshes: Iterator[list[list[str]]]) -> None:

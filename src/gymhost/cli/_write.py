@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from .._terminal import redraws_in_place
 from ..environments._settings import DEFAULT_MODE, parse_instances
 from ._common import one_line_errors
 
@@ -136,7 +137,7 @@ def _progress_lines(quiet: bool) -> Iterator[None]:
     writing = logging.getLogger("gymhost.progress")
     level = writing.level
     with contextlib.ExitStack() as shown:
-        if sys.stderr.isatty():
+        if redraws_in_place(sys.stderr):
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
