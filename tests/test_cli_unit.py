@@ -24,6 +24,14 @@ def test_public_api_imports_without_nemo_gym(without_nemo_gym: None) -> None:
     assert callable(gymhost.create_app)
 
 
+def test_the_package_says_it_is_typed() -> None:
+    """PEP 561's marker, in the installed package (the wheel tier runs this against the wheel): without it, a user's
+    type checker treats gymhost as untyped and misses a misspelled name."""
+    import importlib.resources
+
+    assert importlib.resources.files("gymhost").joinpath("py.typed").is_file()
+
+
 def test_help_lists_the_commands() -> None:
     result = CliRunner().invoke(main, ["--help"])
     assert result.exit_code == 0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gymhost._hosting._requirements import requirements_of
+from gymhost._hosting._requirements import conflicts, requirement_lines, requirements_of
 
 pytestmark = pytest.mark.unit
 
@@ -62,10 +62,10 @@ def test_requirements_are_read_and_judged_as_pip_would(folder: Path, caplog: pyt
         judged = {" ".join(requirement.line.split()): requirement.met for requirement in requirements_of(folder)}
     assert judged == {
         "gymhost-test-fake>=1.0": True,  # 2.0rc1: a pre-release allowed, as pip allows what is installed
-        "gymhost-test-fake[light]>=1 --hash=sha256:0123": True,  # an extra that brings nothing
+        "gymhost-test-fake[light]>=1": True,  # an extra that brings nothing; its --hash is pip's
         "gymhost-test-fake[fast]>=1.0": False,  # its extra's dependency is not installed
         "gymhost-test-echo @ git+https://example.invalid/echo.git#subdirectory=envs/echo": False,  # the URL whole
-        "gymhost-test-absent==1 --hash=sha256:4567": False,  # from the file -r names, its continuation joined
+        "gymhost-test-absent==1": False,  # from the file -r names, its continuation joined
     }
     assert [r.args[1] for r in caplog.records if "is not checked here" in r.getMessage()] == ["./a/local/path"]
 
@@ -80,6 +80,53 @@ def test_gymhost_requirements_prints_what_pip_installs(folder: Path) -> None:
         "--extra-index-url https://example.invalid/simple",  # where its packages come from, first
         "gymhost-test-fake[fast]>=1.0",
         "gymhost-test-echo @ git+https://example.invalid/echo.git#subdirectory=envs/echo",
-        "gymhost-test-absent==1 --hash=sha256:4567",
+        "gymhost-test-absent==1",  # without its --hash: one hash puts pip in hash-checking mode for every line
     ]
     assert "./a/local/path" in done.stderr  # left out, and said
+
+
+def test_lines_are_joined_and_included_as_pip_joins_them(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """pip's own rules: a line that holds a comment continues nothing, even ending in a backslash; continued lines
+    are joined with nothing between them; a last line may end in one; -c files are named by absolute path; a
+    missing -r file is said."""
+    (tmp_path / "requirements.txt").write_text(
+        "# a path, C:\\\nclick>=8.\\\n0\nrich>=1 # why\n-c constraints.txt\n-r missing.txt\nhttpx>=0.1 \\"
+    )
+    with caplog.at_level(logging.WARNING, logger="gymhost"):
+        lines = list(requirement_lines(tmp_path / "requirements.txt"))
+    assert lines == ["click>=8.0", "rich>=1", f"-c {tmp_path / 'constraints.txt'}", "httpx>=0.1"]
+    assert any("missing.txt: requirements: no such file" in record.getMessage() for record in caplog.records)
+
+
+def test_only_a_version_another_folder_runs_with_is_a_conflict(folder: Path, tmp_path: Path) -> None:
+    """A folder needing a version that another folder's requirement is met by cannot share its process; a folder
+    missing an extra's dependency, or clashing only with itself, can (it is logged, as any unmet requirement)."""
+
+    def server(name: str, requirements: str) -> Path:
+        made = tmp_path / name
+        (made / "configs").mkdir(parents=True)
+        (made / "requirements.txt").write_text(requirements)
+        return made
+
+    plain = server("plain", "gymhost-test-fake>=1\n")
+    extra = server("extra", "gymhost-test-fake[fast]>=1\n")
+    newer = server("newer", "gymhost-test-fake>=3\n")
+    itself = server("itself", "gymhost-test-fake>=1\ngymhost-test-fake>=3\n")
+    assert conflicts({"/plain": plain, "/extra": extra}) == []
+    assert conflicts({"/itself": itself}) == []
+    (problem,) = conflicts({"/plain": plain, "/newer": newer})
+    assert problem.startswith("/newer needs gymhost-test-fake>=3, but gymhost-test-fake 2.0rc1 is what /plain run with")
+
+
+def test_a_version_pep_440_cannot_read_is_not_one_a_specifier_allows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site"
+    info = site / "gymhost_test_odd-1.0.custom.build.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: gymhost-test-odd\nVersion: 1.0.custom.build\n")
+    monkeypatch.syspath_prepend(str(site))
+    server = tmp_path / "odd"
+    (server / "configs").mkdir(parents=True)
+    (server / "requirements.txt").write_text("gymhost-test-odd\ngymhost-test-odd>=1\n")
+    assert [requirement.met for requirement in requirements_of(server)] == [True, False]

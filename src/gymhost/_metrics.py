@@ -229,7 +229,7 @@ def share_metrics(folder: Path) -> None:
     before any metric has a value."""
     folder.mkdir(parents=True, exist_ok=True)
     os.environ[METRICS_FOLDER_ENV_VAR] = str(folder)
-    # prometheus_client chose how to keep values when it was imported (importing gymhost imports it); gymhost's
+    # prometheus_client chose how to keep values when it was imported (maybe already, by this module); gymhost's
     # metrics all have labels, so none has a value yet, and every one made from now on goes to the folder.
     from prometheus_client import values
 

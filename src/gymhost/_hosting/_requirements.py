@@ -17,6 +17,7 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion
 
 __all__ = ["FolderRequirement", "conflicts", "index_options", "requirement_lines", "requirements_of"]
 
@@ -27,51 +28,63 @@ _HOST_PACKAGES = {"nemo-gym", "gymhost"}
 # pip's comment: a # at a line's start or after whitespace (a URL's #subdirectory= or #sha256= is not one).
 _COMMENT = re.compile(r"(^|\s)#.*$")
 # pip's options that say where packages come from: what installs a folder's requirements must keep them.
-_INDEX_OPTIONS = ("-i", "--index-url", "--extra-index-url", "-f", "--find-links", "--trusted-host", "--pre")
-_INCLUDE = re.compile(r"^(-r|--requirement)(\s+|=)(?P<path>\S+)$")
+_INDEX_OPTIONS = frozenset(
+    {"-i", "--index-url", "--extra-index-url", "--no-index", "-f", "--find-links", "--trusted-host", "--pre"}
+)
+_OPTION = re.compile(r"^(?P<name>-[a-zA-Z]|--[a-z][a-z-]*)(=|\s+|$)(?P<value>.*)$")
 _GYM_LINE = re.compile(r"^(-e\s+)?nemo[-_]gym\b", re.IGNORECASE)  # Gym's `-e nemo-gym[dev] @ ../../`: the host
 
 
 @dataclass(frozen=True)
 class FolderRequirement:
     package: str
-    line: str
+    line: str  # the requirement as written, without its own options (``--hash``: pip's business)
     installed: str | None
-    met: bool
+    allowed: bool  # installed, at a version it allows
+    met: bool  # allowed, and the dependencies of the extras it names installed too
 
 
 def requirement_lines(path: Path, *, _seen: frozenset[Path] = frozenset()) -> Iterator[str]:
-    """The logical lines of a requirements file as pip reads them: continuations joined, comments and blank lines
-    left out, the files its ``-r`` lines name read in their place (relative to the file naming them)."""
+    """The logical lines of a requirements file as pip reads them (pip's ``join_lines`` and comment rule): a line
+    ending in a backslash joined to the next unless it holds a comment, comments and blank lines left out, the files
+    its ``-r`` lines name read in their place and its ``-c`` files named by absolute path (both relative to the
+    file naming them)."""
     path = path.resolve()
     if path in _seen or not path.is_file():
+        if path not in _seen and _seen:
+            logger.warning("%s: requirements: no such file to include", path)
         return
-    joined = ""
-    for raw in path.read_text().splitlines():
-        if raw.endswith("\\"):
-            joined += raw[:-1] + " "
+    pending: list[str] = []
+    for raw in [*path.read_text().splitlines(), None]:
+        if raw is not None and raw.endswith("\\") and not _COMMENT.search(raw):
+            pending.append(raw.strip("\\"))
             continue
-        line = _COMMENT.sub("", joined + raw).strip()
-        joined = ""
-        include = _INCLUDE.match(line)
-        if include:
-            yield from requirement_lines(path.parent / include.group("path"), _seen=_seen | {path})
+        logical = "".join([*pending, *([raw] if raw is not None else [])])
+        pending = []
+        line = _COMMENT.sub("", logical).strip()
+        option = _OPTION.match(line)
+        if option and option.group("name") in ("-r", "--requirement"):
+            yield from requirement_lines(path.parent / option.group("value").strip(), _seen=_seen | {path})
+        elif option and option.group("name") in ("-c", "--constraint"):
+            yield f"-c {(path.parent / option.group('value').strip()).resolve()}"
         elif line:
             yield line
 
 
 def index_options(folder: Path) -> list[str]:
     """The lines of ``folder/requirements.txt`` that say where its packages come from (an index, a links page)."""
-    return [line for line in requirement_lines(folder / "requirements.txt") if line.startswith(_INDEX_OPTIONS)]
+    return [line for line in requirement_lines(folder / "requirements.txt") if _option_name(line) in _INDEX_OPTIONS]
 
 
 def requirements_of(folder: Path) -> Iterator[FolderRequirement]:
     """Each requirement of ``folder/requirements.txt`` (and the files it includes), and whether this process meets
     it: installed, at a version its specifier allows, with the dependencies of the extras it names. A line no
-    requirement can be read from (a path, an editable install, an option) is said in the log and not checked."""
+    requirement can be read from (a path, an editable install) is said in the log and not checked."""
     for line in requirement_lines(folder / "requirements.txt"):
         text = line.split(" --", 1)[0].strip()  # a requirement's own options (--hash=...) are pip's business
-        if text.startswith(_INDEX_OPTIONS) or _GYM_LINE.match(text):
+        if _option_name(text) is not None or _GYM_LINE.match(text):
+            if text.startswith("-e") and not _GYM_LINE.match(text):
+                logger.warning("%s: requirements.txt: %r is not checked here (an editable install)", folder, line)
             continue
         try:
             requirement = Requirement(text)
@@ -82,11 +95,17 @@ def requirements_of(folder: Path) -> Iterator[FolderRequirement]:
         if package in _HOST_PACKAGES or (requirement.marker is not None and not requirement.marker.evaluate()):
             continue
         installed = _installed(package)
-        met = _allows(requirement, installed) and all(
+        allowed = _allows(requirement, installed)
+        met = allowed and all(
             _allows(dependency, _installed(canonicalize_name(dependency.name)))
             for dependency in _extras_dependencies(package, requirement.extras)
         )
-        yield FolderRequirement(package, line, installed, met)
+        yield FolderRequirement(package, text, installed, allowed, met)
+
+
+def _option_name(line: str) -> str | None:
+    option = _OPTION.match(line)
+    return option.group("name") if option else None
 
 
 def _installed(package: str) -> str | None:
@@ -97,8 +116,16 @@ def _installed(package: str) -> str | None:
 
 
 def _allows(requirement: Requirement, installed: str | None) -> bool:
-    """As pip judges an installed version: a pre-release satisfies a specifier that it falls in."""
-    return installed is not None and requirement.specifier.contains(installed, prereleases=True)
+    """As pip judges an installed version: any, for a requirement without a specifier; else one the specifier holds,
+    pre-releases included; a version that is not PEP 440's (packaging 24 raises on it) is not one it holds."""
+    if installed is None:
+        return False
+    if not requirement.specifier:
+        return True
+    try:
+        return requirement.specifier.contains(installed, prereleases=True)
+    except InvalidVersion:
+        return False
 
 
 def _extras_dependencies(package: str, extras: set[str]) -> list[Requirement]:
@@ -131,14 +158,16 @@ def conflicts(folders: Mapping[str, Path]) -> list[str]:
             by_package.setdefault(requirement.package, []).append((prefix, requirement))
     problems = []
     for package, wanted in by_package.items():
-        met = sorted({prefix for prefix, requirement in wanted if requirement.met})
         for prefix, requirement in wanted:
             if requirement.met:
                 continue
-            if met:
+            # A version another folder runs with: this one cannot have its own in the same process. (An extra's
+            # missing dependency is no clash: installing it changes no other folder's version.)
+            others = sorted({other for other, theirs in wanted if theirs.allowed and other != prefix})
+            if not requirement.allowed and others:
                 problems.append(
                     f"{prefix} needs {requirement.line}, but {package} {requirement.installed or '(none)'} is what "
-                    f"{', '.join(met)} run with; serve them in separate processes (gymhost serve FOLDER for each)"
+                    f"{', '.join(others)} run with; serve them in separate processes (gymhost serve FOLDER for each)"
                 )
             else:
                 logger.warning(
