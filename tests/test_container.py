@@ -194,14 +194,34 @@ def root(tmp_path_factory: pytest.TempPathFactory, gym_root: Path) -> Path:
 def envs_image(root: Path) -> Iterator[str]:
     """The image the manifest names: gymhost's, with the root baked in by Containerfile.folders."""
     name = manifest("Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
-    # The package index reached as make image reaches it (Containerfile.folders installs what the image lacks).
-    lend = ["-v", f"{HOST_CA}:{HOST_CA}:ro"] if Path(HOST_CA).is_file() else []
-    build = [*PODMAN, "build", "--quiet", *lend, "-f", str(FOLDERS_CONTAINERFILE), "--build-arg", f"IMAGE={image()}"]
-    build += ["--build-arg", f"FOLDERS={root.name}", "-t", name, str(root.parent)]
-    done = subprocess.run(build, capture_output=True, text=True, check=False)
+    done = bake(root, name)
     assert done.returncode == 0, done.stdout + done.stderr
     yield name
     subprocess.run([*PODMAN, "rmi", "-f", name], capture_output=True, check=False)
+
+
+def bake(folders: Path, name: str) -> subprocess.CompletedProcess[str]:
+    """``Containerfile.folders`` on gymhost's image, with ``folders`` (under the build context, its parent)."""
+    # The package index reached as make image reaches it (Containerfile.folders installs what the image lacks).
+    lend = ["-v", f"{HOST_CA}:{HOST_CA}:ro"] if Path(HOST_CA).is_file() else []
+    build = [*PODMAN, "build", "--quiet", *lend, "-f", str(FOLDERS_CONTAINERFILE), "--build-arg", f"IMAGE={image()}"]
+    build += ["--build-arg", f"FOLDERS={folders.name}", "-t", name, str(folders.parent)]
+    return subprocess.run(build, capture_output=True, text=True, check=False)
+
+
+def test_a_folder_whose_requirements_break_what_serving_imports_is_not_baked(gym_root: Path, tmp_path: Path) -> None:
+    """A folder pinning a version of a package the image serves with (an old Starlette): the bake installs it, finds
+    serving no longer imports, and fails saying so, instead of an image that fails at its first start."""
+    folder = Path(shutil.copytree(gym_root / WEATHER, tmp_path / "context" / "pinned"))
+    (folder / "requirements.txt").write_text("-e nemo-gym[dev] @ ../../\nstarlette==0.20.0\n")
+    subprocess.run(["chmod", "-R", "a+rX", str(folder)], check=True)
+    name = f"gymhost-test-pinned:{uuid.uuid4().hex[:8]}"
+    try:
+        done = bake(folder, name)
+    finally:
+        subprocess.run([*PODMAN, "rmi", "-f", name], capture_output=True, check=False)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert "the folders' requirements broke what serving imports (above)" in done.stderr, done.stderr
 
 
 def gridsim_play(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
