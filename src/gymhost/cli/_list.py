@@ -19,7 +19,8 @@ def list_servers(root: Path | None) -> None:
     """The Gym servers nemo-gym installed (or those of a Gym ROOT), and what serving each needs here.
 
     \b
-    requirements: "met", or the packages of its requirements.txt this environment lacks (serve it with --venv)
+    requirements: "met", or the packages of its requirements.txt this environment lacks (serve it with --venv, or
+                  install them: gymhost requirements NAME | pip install -r /dev/stdin)
     calls:        the Gym servers it calls by name (a judge, a policy model): give each with --server-url NAME=URL
     """
     from .._hosting._targets import installed_servers, server_folders
