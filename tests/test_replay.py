@@ -170,16 +170,8 @@ async def test_a_folder_in_its_own_venv_replays_its_recorded_rewards(
     """``gymhost serve FOLDER --venv``: the venv built from its requirements.txt (or reused), the server a process
     of its own, replayed over HTTP with a client that keeps every cookie, as Gym's agents do."""
     folder = gym_root / "resources_servers" / name
-    settings = [f"--set={key}={value}" for key, value in MANIFEST[name].get("set", {}).items()]
-    command = gymhost_command("serve", str(folder), "--port", "0", "--venv", *settings)
-    with serving(command, env={**venvs, **time_limits(name)}) as server:
-        openapi = httpx.get(f"{server.url}/openapi.json", timeout=CALL_TIMEOUT_S).json()
-        played = await replay(
-            lambda: httpx.AsyncClient(base_url=server.url, timeout=REQUEST_TIMEOUT_S),
-            folder,
-            plays_gymnasium(set(openapi["paths"])),
-            _fields_added(openapi),
-        )
+    with serving(served_with_venv(folder), env={**venvs, **time_limits(name)}) as server:
+        played = await replay_over_http(server.url, folder)
     assert "building it a venv of its own" in server.output or "serving from its own venv" in server.output, (
         server.output
     )
@@ -191,22 +183,32 @@ async def test_a_venv_built_ahead_serves_on_a_read_only_file_system(gym_root: Pa
     ``serve --venv`` serves from that venv and plays as it recorded, writing nothing there (no lock to take)."""
     name = folders("own_venv")[0]
     folder = gym_root / "resources_servers" / name
-    settings = [f"--set={key}={value}" for key, value in MANIFEST[name].get("set", {}).items()]
-    command = gymhost_command("serve", str(folder), "--port", "0", "--venv", *settings)
+    command = served_with_venv(folder)
     with serving(command, env={**venvs, **time_limits(name)}):  # built ahead (or by the replay above)
         pass
     built = Path(venvs["GYMHOST_VENV_DIR"])
     with serving(with_read_only(built, command), env={**venvs, **time_limits(name)}) as server:
         assert _command_line(server.process.pid).startswith(f"{built}/{name}-"), "not served from its venv"
-        openapi = httpx.get(f"{server.url}/openapi.json", timeout=CALL_TIMEOUT_S).json()
-        played = await replay(
-            lambda: httpx.AsyncClient(base_url=server.url, timeout=REQUEST_TIMEOUT_S),
-            folder,
-            plays_gymnasium(set(openapi["paths"])),
-            _fields_added(openapi),
-        )
+        played = await replay_over_http(server.url, folder)
     assert "Read-only file system" not in server.output, server.output
     hold_to_recording(name, played)
+
+
+def served_with_venv(folder: Path) -> list[str]:
+    """``gymhost serve FOLDER --venv``, with the manifest's settings for it."""
+    settings = [f"--set={key}={value}" for key, value in MANIFEST[folder.name].get("set", {}).items()]
+    return gymhost_command("serve", str(folder), "--port", "0", "--venv", *settings)
+
+
+async def replay_over_http(url: str, folder: Path) -> list[Replayed]:
+    """``folder``'s recorded rollouts replayed against the server at ``url``, each with a client of its own."""
+    openapi = httpx.get(f"{url}/openapi.json", timeout=CALL_TIMEOUT_S).json()
+    return await replay(
+        lambda: httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S),
+        folder,
+        plays_gymnasium(set(openapi["paths"])),
+        _fields_added(openapi),
+    )
 
 
 async def test_a_root_serves_the_folders_that_need_their_own_venv_by_processes_behind_one_address(
