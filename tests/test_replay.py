@@ -332,10 +332,4 @@ async def under_gym_launcher(folder: Path) -> list[Replayed]:
     }
     url = f"http://127.0.0.1:{port}"
     with serving([sys.executable, spec.block["entrypoint"]], cwd=folder, env=env, url=url):
-        openapi = httpx.get(f"{url}/openapi.json", timeout=CALL_TIMEOUT_S).json()
-        return await replay(
-            lambda: httpx.AsyncClient(base_url=url, timeout=REQUEST_TIMEOUT_S),
-            folder,
-            plays_gymnasium(set(openapi["paths"])),
-            _fields_added(openapi),
-        )
+        return await replay_over_http(url, folder)
