@@ -19,7 +19,15 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion
 
-__all__ = ["FolderRequirement", "conflicts", "index_options", "requirement_lines", "requirements_of"]
+__all__ = [
+    "FolderRequirement",
+    "conflicts",
+    "index_options",
+    "names_the_host",
+    "requirement_lines",
+    "requirements_of",
+    "unchecked",
+]
 
 logger = logging.getLogger("gymhost")
 
@@ -32,7 +40,8 @@ _INDEX_OPTIONS = frozenset(
     {"-i", "--index-url", "--extra-index-url", "--no-index", "-f", "--find-links", "--trusted-host", "--pre"}
 )
 _OPTION = re.compile(r"^(?P<name>-[a-zA-Z]|--[a-z][a-z-]*)(=|\s+|$)(?P<value>.*)$")
-_GYM_LINE = re.compile(r"^(-e\s+)?nemo[-_]gym\b", re.IGNORECASE)  # Gym's `-e nemo-gym[dev] @ ../../`: the host
+# Gym's `-e nemo-gym[dev] @ ../../` (or `-e ../../`, its checkout): the host, which is what runs.
+_GYM_LINE = re.compile(r"^(-e\s+)?(nemo[-_]gym\b|\.\./\.\./?(\[[^\]]*\])?$)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -78,18 +87,11 @@ def index_options(folder: Path) -> list[str]:
 
 def requirements_of(folder: Path) -> Iterator[FolderRequirement]:
     """Each requirement of ``folder/requirements.txt`` (and the files it includes), and whether this process meets
-    it: installed, at a version its specifier allows, with the dependencies of the extras it names. A line no
-    requirement can be read from (a path, an editable install) is said in the log and not checked."""
+    it: installed, at a version its specifier allows, with the dependencies of the extras it names. Lines that
+    name no package (a path, a URL, an editable install) are ``unchecked``'s."""
     for line in requirement_lines(folder / "requirements.txt"):
-        text = line.split(" --", 1)[0].strip()  # a requirement's own options (--hash=...) are pip's business
-        if _option_name(text) is not None or _GYM_LINE.match(text):
-            if text.startswith("-e") and not _GYM_LINE.match(text):
-                logger.warning("%s: requirements.txt: %r is not checked here (an editable install)", folder, line)
-            continue
-        try:
-            requirement = Requirement(text)
-        except InvalidRequirement:
-            logger.warning("%s: requirements.txt: %r is not checked here (not a requirement by name)", folder, line)
+        requirement = _requirement(line)
+        if requirement is None:
             continue
         package = canonicalize_name(requirement.name)
         if package in _HOST_PACKAGES or (requirement.marker is not None and not requirement.marker.evaluate()):
@@ -100,7 +102,38 @@ def requirements_of(folder: Path) -> Iterator[FolderRequirement]:
             _allows(dependency, _installed(canonicalize_name(dependency.name)))
             for dependency in _extras_dependencies(package, requirement.extras)
         )
-        yield FolderRequirement(package, text, installed, allowed, met)
+        yield FolderRequirement(package, _written(line), installed, allowed, met)
+
+
+def unchecked(folder: Path) -> list[str]:
+    """The lines of ``folder/requirements.txt`` that install something gymhost cannot judge: a path, a URL, an
+    editable install (Gym's own line, the host, aside)."""
+    return [
+        line
+        for line in requirement_lines(folder / "requirements.txt")
+        if _requirement(line) is None and _option_name(line) in (None, "-e", "--editable") and not _GYM_LINE.match(line)
+    ]
+
+
+def _written(line: str) -> str:
+    """A requirement's line without its own options (``--hash``: pip's business)."""
+    return line.split(" --", 1)[0].strip()
+
+
+def _requirement(line: str) -> Requirement | None:
+    """The requirement a line names; None for an option, the host's line, or a line naming no package."""
+    text = _written(line)
+    if _option_name(text) is not None or _GYM_LINE.match(text):
+        return None
+    try:
+        return Requirement(text)
+    except InvalidRequirement:
+        return None
+
+
+def names_the_host(line: str) -> bool:
+    """Gym's own line (``-e nemo-gym[dev] @ ../../``, ``-e ../../``): what runs, never installed for a folder."""
+    return _GYM_LINE.match(line) is not None
 
 
 def _option_name(line: str) -> str | None:

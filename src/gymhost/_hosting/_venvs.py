@@ -33,7 +33,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from .._config import VENV_DIR_ENV_VAR, venv_root
 from .._exceptions import ServeError
 from .._terminal import redraws_in_place
-from ._requirements import requirement_lines, requirements_of
+from ._requirements import names_the_host, requirement_lines, requirements_of
 
 __all__ = ["folder_venv", "gymhost_dependency", "gymhost_requirement", "unmet_requirements"]
 
@@ -143,7 +143,7 @@ def _requirements(folder: Path) -> list[str]:
         match = _NEMO_GYM_LINE.match(line)
         if match:
             extras = match.group(2) or extras
-        elif not re.match(r"^gymhost\b", line):
+        elif not (re.match(r"^gymhost\b", line) or names_the_host(line)):  # `-e ../../`: Gym's checkout
             lines.append(line)
     return [f"nemo-gym{extras}=={nemo_gym}", gymhost_requirement(as_installed=True), *lines]
 

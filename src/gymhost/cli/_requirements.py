@@ -24,12 +24,14 @@ def requirements(paths: tuple[str, ...]) -> None:
     \b
     gymhost requirements mcqa | pip install -r /dev/stdin
     """
-    from .._hosting._requirements import index_options, requirements_of
+    from .._hosting._requirements import index_options, requirements_of, unchecked
     from .._hosting._targets import resolve_targets
 
     with one_line_errors():
         folders = resolve_targets(list(paths)).folders()
     for folder in folders.values():
+        for line in unchecked(folder):
+            click.echo(f"gymhost: {folder.name}: not judged here, left out: {line}", err=True)
         unmet = [requirement.line for requirement in requirements_of(folder) if not requirement.met]
         if unmet:
             click.echo(f"# {folder.name} ({folder})")
