@@ -221,7 +221,8 @@ def test_a_folder_whose_requirements_break_what_serving_imports_is_not_baked(gym
     finally:
         subprocess.run([*PODMAN, "rmi", "-f", name], capture_output=True, check=False)
     assert done.returncode != 0, done.stdout + done.stderr
-    assert "the folders' requirements broke what serving imports (above)" in done.stderr, done.stderr
+    said = done.stdout + done.stderr
+    assert "the folders' requirements broke what serving imports (above)" in said, said
 
 
 def gridsim_play(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:

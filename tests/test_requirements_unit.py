@@ -6,7 +6,6 @@ so the judgement does not depend on the venv the tier runs in."""
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
@@ -14,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gymhost._hosting._requirements import conflicts, requirement_lines, requirements_of, unchecked
+from gymhost._hosting._requirements import conflicts, host_extras, requirement_lines, requirements_of, unchecked
 
 pytestmark = pytest.mark.unit
 
@@ -85,17 +84,37 @@ def test_gymhost_requirements_prints_what_pip_installs(folder: Path) -> None:
     assert done.stderr == "gymhost: echo_server: not judged here, left out: ./a/local/path\n"
 
 
-def test_lines_are_joined_and_included_as_pip_joins_them(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """pip's own rules: a line that holds a comment continues nothing, even ending in a backslash; continued lines
-    are joined with nothing between them; a last line may end in one; -c files are named by absolute path; a
-    missing -r file is said."""
+def test_lines_are_joined_and_included_as_pip_joins_them(tmp_path: Path) -> None:
+    """pip's own rules (its req_file.join_lines and COMMENT_RE): a comment line continues nothing, even ending in a
+    backslash, and ends a continued line; a requirement's trailing comment swallows what its backslash joins to it;
+    continued lines are joined with nothing between them; a last line may end in one; -c files are named by
+    absolute path, a URL as it is; an -r file that is not there (or a URL) is left as its line, for unchecked()."""
+    (tmp_path / "more.txt").write_text("attrs>=1\n")
     (tmp_path / "requirements.txt").write_text(
-        "# a path, C:\\\nclick>=8.\\\n0\nrich>=1 # why\n-c constraints.txt\n-r missing.txt\nhttpx>=0.1 \\"
+        "# a path, C:\\\nclick>=8.\\\n0\nfoo\\\n# ends it\nrich>=1 # why \\\nswallowed==2\n-c constraints.txt\n"
+        "-c https://example.invalid/c.txt\n-rmore.txt\n-r missing.txt\nhttpx>=0.1 \\"
     )
-    with caplog.at_level(logging.WARNING, logger="gymhost"):
-        lines = list(requirement_lines(tmp_path / "requirements.txt"))
-    assert lines == ["click>=8.0", "rich>=1", f"-c {tmp_path / 'constraints.txt'}", "httpx>=0.1"]
-    assert any("missing.txt: requirements: no such file" in record.getMessage() for record in caplog.records)
+    assert list(requirement_lines(tmp_path / "requirements.txt")) == [
+        "click>=8.0",
+        "foo",
+        "rich>=1",
+        f"-c {tmp_path / 'constraints.txt'}",
+        "-c https://example.invalid/c.txt",
+        "attrs>=1",
+        "-r missing.txt",
+        "httpx>=0.1",
+    ]
+    (tmp_path / "configs").mkdir()
+    assert unchecked(tmp_path) == ["-r missing.txt"]
+
+
+def test_gyms_own_line_is_the_host_with_the_extras_it_asks_for() -> None:
+    assert host_extras("-e nemo-gym[dev] @ ../../") == "[dev]"
+    assert host_extras("--editable ../../[dev]") == "[dev]"
+    assert host_extras("-e ../../") == ""
+    assert host_extras("nemo_gym") == ""
+    assert host_extras("-e ./pocketshell[pcre]") is None
+    assert host_extras("nemo-gym-extras>=1") is None
 
 
 def test_only_a_version_another_folder_runs_with_is_a_conflict(folder: Path, tmp_path: Path) -> None:
@@ -112,8 +131,10 @@ def test_only_a_version_another_folder_runs_with_is_a_conflict(folder: Path, tmp
     extra = server("extra", "gymhost-test-fake[fast]>=1\n")
     newer = server("newer", "gymhost-test-fake>=3\n")
     itself = server("itself", "gymhost-test-fake>=1\ngymhost-test-fake>=3\n")
+    bare = server("bare", "gymhost-test-fake\n")
     assert conflicts({"/plain": plain, "/extra": extra}) == []
     assert conflicts({"/itself": itself}) == []
+    assert conflicts({"/bare": bare, "/newer": newer}) == []  # a bare name takes the version the other needs
     (problem,) = conflicts({"/plain": plain, "/newer": newer})
     assert problem.startswith("/newer needs gymhost-test-fake>=3, but gymhost-test-fake 2.0rc1 is what /plain run with")
 

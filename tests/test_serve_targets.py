@@ -106,7 +106,7 @@ def test_a_venv_build_that_fails_says_where_its_output_is_and_how_to_run_it_agai
     error = done.stderr.strip().splitlines()[-1]
     assert error.startswith("Error: building a folder's venv failed (installing its requirements): "), error
     assert "surely-no-such-package-anywhere" in error
-    assert f"the installer's whole output is in {log}; to run it again: {uv} pip install" in error
+    assert f"the installer's whole output is in {log}; to run it again: cd {folder} && {uv} pip install" in error
     assert "surely-no-such-package-anywhere" in log.read_text()
     (listed,) = venvs.glob(".weather-*.requirements.txt")  # what the command to run again reads
     assert str(listed) in error

@@ -22,8 +22,8 @@ from packaging.version import InvalidVersion
 __all__ = [
     "FolderRequirement",
     "conflicts",
+    "host_extras",
     "index_options",
-    "names_the_host",
     "requirement_lines",
     "requirements_of",
     "unchecked",
@@ -33,15 +33,23 @@ logger = logging.getLogger("gymhost")
 
 # The host itself: a folder's requirements name them, but they are what is running.
 _HOST_PACKAGES = {"nemo-gym", "gymhost"}
-# pip's comment: a # at a line's start or after whitespace (a URL's #subdirectory= or #sha256= is not one).
-_COMMENT = re.compile(r"(^|\s)#.*$")
+# pip's comment (req_file.COMMENT_RE): a # at a line's start or after whitespace (a URL's #subdirectory= is not one).
+_COMMENT = re.compile(r"(^|\s+)#.*$")
 # pip's options that say where packages come from: what installs a folder's requirements must keep them.
 _INDEX_OPTIONS = frozenset(
     {"-i", "--index-url", "--extra-index-url", "--no-index", "-f", "--find-links", "--trusted-host", "--pre"}
 )
-_OPTION = re.compile(r"^(?P<name>-[a-zA-Z]|--[a-z][a-z-]*)(=|\s+|$)(?P<value>.*)$")
-# Gym's `-e nemo-gym[dev] @ ../../` (or `-e ../../`, its checkout): the host, which is what runs.
-_GYM_LINE = re.compile(r"^(-e\s+)?(nemo[-_]gym\b|\.\./\.\./?(\[[^\]]*\])?$)", re.IGNORECASE)
+_INCLUDES = frozenset({"-r", "--requirement"})
+_CONSTRAINTS = frozenset({"-c", "--constraint"})
+_EDITABLE = frozenset({"-e", "--editable"})
+# An option, long or short (a short one's value may follow it at once: -rmore.txt).
+_OPTION = re.compile(r"^(?P<name>--[a-z][a-z-]*|-[a-zA-Z])(=|\s+)?(?P<value>.*)$")
+_URL = re.compile(r"^(https?|file):", re.IGNORECASE)  # pip reads an -r or -c that is a URL from there
+# Gym's own line: `-e nemo-gym[dev] @ ../../`, or `-e ../../[dev]`, its checkout: the host, which is what runs.
+_GYM_LINE = re.compile(
+    r"^((-e|--editable)\s+)?(nemo[-_]gym(?P<named>\[[^\]]*\])?(\s*@.*)?|\.\./\.\./?(?P<checkout>\[[^\]]*\])?)$",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -51,31 +59,37 @@ class FolderRequirement:
     installed: str | None
     allowed: bool  # installed, at a version it allows
     met: bool  # allowed, and the dependencies of the extras it names installed too
+    pins: bool = True  # it names versions (a bare name takes any)
 
 
 def requirement_lines(path: Path, *, _seen: frozenset[Path] = frozenset()) -> Iterator[str]:
-    """The logical lines of a requirements file as pip reads them (pip's ``join_lines`` and comment rule): a line
-    ending in a backslash joined to the next unless it holds a comment, comments and blank lines left out, the files
-    its ``-r`` lines name read in their place and its ``-c`` files named by absolute path (both relative to the
-    file naming them)."""
+    """The logical lines of a requirements file as pip reads them (pip's ``join_lines``, then its comments): a line
+    ending in a backslash is joined to the next unless it is a comment line, comments and blank lines are left out,
+    the files its ``-r`` lines name are read in their place and its ``-c`` files named by absolute path (both
+    relative to the file naming them; a URL, or a file that is not there, is left as its line)."""
     path = path.resolve()
     if path in _seen or not path.is_file():
-        if path not in _seen and _seen:
-            logger.warning("%s: requirements: no such file to include", path)
         return
     pending: list[str] = []
     for raw in [*path.read_text().splitlines(), None]:
-        if raw is not None and raw.endswith("\\") and not _COMMENT.search(raw):
+        if raw is not None and raw.endswith("\\") and not _COMMENT.match(raw):
             pending.append(raw.strip("\\"))
             continue
+        if raw is not None and _COMMENT.match(raw):
+            raw = " " + raw  # as pip does, so that the comment is one after the join
         logical = "".join([*pending, *([raw] if raw is not None else [])])
         pending = []
         line = _COMMENT.sub("", logical).strip()
         option = _OPTION.match(line)
-        if option and option.group("name") in ("-r", "--requirement"):
-            yield from requirement_lines(path.parent / option.group("value").strip(), _seen=_seen | {path})
-        elif option and option.group("name") in ("-c", "--constraint"):
-            yield f"-c {(path.parent / option.group('value').strip()).resolve()}"
+        value = option.group("value").strip() if option else ""
+        if option and value and not _URL.match(value) and option.group("name") in _INCLUDES | _CONSTRAINTS:
+            named = (path.parent / value).resolve()
+            if option.group("name") in _CONSTRAINTS:
+                yield f"-c {named}"
+            elif named.is_file():
+                yield from requirement_lines(named, _seen=_seen | {path})
+            elif named not in _seen:
+                yield line  # left for unchecked(), which says so
         elif line:
             yield line
 
@@ -102,16 +116,18 @@ def requirements_of(folder: Path) -> Iterator[FolderRequirement]:
             _allows(dependency, _installed(canonicalize_name(dependency.name)))
             for dependency in _extras_dependencies(package, requirement.extras)
         )
-        yield FolderRequirement(package, _written(line), installed, allowed, met)
+        yield FolderRequirement(package, _written(line), installed, allowed, met, bool(requirement.specifier))
 
 
 def unchecked(folder: Path) -> list[str]:
     """The lines of ``folder/requirements.txt`` that install something gymhost cannot judge: a path, a URL, an
-    editable install (Gym's own line, the host, aside)."""
+    editable install, a file to include that is not there or is a URL (Gym's own line, the host, aside)."""
     return [
         line
         for line in requirement_lines(folder / "requirements.txt")
-        if _requirement(line) is None and _option_name(line) in (None, "-e", "--editable") and not _GYM_LINE.match(line)
+        if _requirement(line) is None
+        and (_option_name(line) in _EDITABLE | _INCLUDES or _option_name(line) is None)
+        and not _GYM_LINE.match(line)
     ]
 
 
@@ -131,9 +147,13 @@ def _requirement(line: str) -> Requirement | None:
         return None
 
 
-def names_the_host(line: str) -> bool:
-    """Gym's own line (``-e nemo-gym[dev] @ ../../``, ``-e ../../``): what runs, never installed for a folder."""
-    return _GYM_LINE.match(line) is not None
+def host_extras(line: str) -> str | None:
+    """Gym's own line (``-e nemo-gym[dev] @ ../../``, ``-e ../../[dev]``: what runs, never installed for a
+    folder): the extras it asks for (``"[dev]"``, or ``""``); None for any other line."""
+    match = _GYM_LINE.match(line)
+    if match is None:
+        return None
+    return match.group("named") or match.group("checkout") or ""
 
 
 def _option_name(line: str) -> str | None:
@@ -196,7 +216,7 @@ def conflicts(folders: Mapping[str, Path]) -> list[str]:
                 continue
             # A version another folder runs with: this one cannot have its own in the same process. (An extra's
             # missing dependency is no clash: installing it changes no other folder's version.)
-            others = sorted({other for other, theirs in wanted if theirs.allowed and other != prefix})
+            others = sorted({other for other, theirs in wanted if theirs.allowed and theirs.pins and other != prefix})
             if not requirement.allowed and others:
                 problems.append(
                     f"{prefix} needs {requirement.line}, but {package} {requirement.installed or '(none)'} is what "

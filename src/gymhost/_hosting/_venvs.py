@@ -33,7 +33,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from .._config import VENV_DIR_ENV_VAR, venv_root
 from .._exceptions import ServeError
 from .._terminal import redraws_in_place
-from ._requirements import names_the_host, requirement_lines, requirements_of
+from ._requirements import host_extras, requirement_lines, requirements_of
 
 __all__ = ["folder_venv", "gymhost_dependency", "gymhost_requirement", "unmet_requirements"]
 
@@ -41,9 +41,6 @@ logger = logging.getLogger("gymhost")
 
 _BUILT = ".gymhost-venv.json"  # written last: a venv without it is a build that did not finish
 _SAY_EVERY_S = 10.0  # how often a build in progress says how it goes
-# Gym's requirements.txt names nemo-gym relative to its checkout (`-e nemo-gym[dev] @ ../../`): here it is the
-# nemo-gym installed in this environment, with the extras that line asks for.
-_NEMO_GYM_LINE = re.compile(r"^\s*(-e\s+)?nemo[-_]gym(\[[^\]]*\])?\s*(@.*)?$", re.IGNORECASE)
 
 
 def unmet_requirements(folder: Path) -> list[str]:
@@ -87,7 +84,7 @@ def folder_venv(folder: Path) -> Path:
     """The Python of the folder's own venv, built first if there is none yet."""
     requirements = _requirements(folder)
     key = hashlib.sha256("\n".join([sys.version, sys.executable, *requirements]).encode()).hexdigest()[:16]
-    venvs = venv_root()
+    venvs = venv_root().absolute()  # the installer runs in the folder
     venv = venvs / f"{folder.name}-{key}"
     python = venv / "bin" / "python"
 
@@ -124,7 +121,7 @@ def folder_venv(folder: Path) -> Path:
             log,
         )
         try:
-            _build(venv, requirements, _Installer(folder.name, log))
+            _build(venv, requirements, _Installer(folder.name, log, folder))
         except BaseException:
             shutil.rmtree(venv, ignore_errors=True)
             raise
@@ -134,16 +131,18 @@ def folder_venv(folder: Path) -> Path:
 
 
 def _requirements(folder: Path) -> list[str]:
-    """What the venv installs: this nemo-gym (with the extras the folder's line asks for), this gymhost, and the
-    folder's other requirements, as its ``requirements.txt`` writes them."""
+    """What the venv installs: this nemo-gym (with the extras the folder's line asks for: Gym's requirements.txt
+    names nemo-gym by its checkout, ``-e nemo-gym[dev] @ ../../``, and here it is the one installed), this gymhost,
+    and the folder's other requirements, as its ``requirements.txt`` writes them (paths in them are the folder's:
+    the installer runs there, as Gym's does)."""
     nemo_gym = importlib.metadata.version("nemo-gym")
     extras = ""
     lines = []
     for line in requirement_lines(folder / "requirements.txt"):  # as pip reads them: the files -r names inlined
-        match = _NEMO_GYM_LINE.match(line)
-        if match:
-            extras = match.group(2) or extras
-        elif not (re.match(r"^gymhost\b", line) or names_the_host(line)):  # `-e ../../`: Gym's checkout
+        asked = host_extras(line)
+        if asked is not None:
+            extras = asked or extras
+        elif not re.match(r"^gymhost\b", line):
             lines.append(line)
     return [f"nemo-gym{extras}=={nemo_gym}", gymhost_requirement(as_installed=True), *lines]
 
@@ -180,8 +179,8 @@ class _Installer:
     ``_SAY_EVERY_S``; either with the time so far and the installer's last line. A failure says the output's end,
     where the rest is, and the command to run it again."""
 
-    def __init__(self, name: str, log: Path) -> None:
-        self.name, self.log = name, log
+    def __init__(self, name: str, log: Path, folder: Path) -> None:
+        self.name, self.log, self.folder = name, log, folder
         log.write_text("")
 
     def run(self, command: list[str], what: str) -> None:
@@ -190,7 +189,9 @@ class _Installer:
             output.write(f"$ {shlex.join(command)}\n")
             output.flush()
             start = output.tell()
-            process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            process = subprocess.Popen(
+                command, stdout=output, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.folder
+            )
             while True:
                 try:
                     status = process.wait(every)
@@ -206,7 +207,7 @@ class _Installer:
             tail = self._output(start)[-8:]
             raise ServeError(
                 f"building a folder's venv failed ({what}): {' | '.join(tail)}; the installer's whole output is in "
-                f"{self.log}; to run it again: {shlex.join(command)}"
+                f"{self.log}; to run it again: cd {shlex.quote(str(self.folder))} && {shlex.join(command)}"
             )
 
     @contextlib.contextmanager
