@@ -59,7 +59,7 @@ class FolderRequirement:
     installed: str | None
     allowed: bool  # installed, at a version it allows
     met: bool  # allowed, and the dependencies of the extras it names installed too
-    pins: bool = True  # it names versions (a bare name takes any)
+    pins: bool  # it names versions (a bare name takes any)
 
 
 def requirement_lines(path: Path, *, _seen: frozenset[Path] = frozenset()) -> Iterator[str]:

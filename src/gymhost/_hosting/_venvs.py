@@ -41,6 +41,7 @@ logger = logging.getLogger("gymhost")
 
 _BUILT = ".gymhost-venv.json"  # written last: a venv without it is a build that did not finish
 _SAY_EVERY_S = 10.0  # how often a build in progress says how it goes
+_TAIL_BYTES = 4096  # where the installer's last line is looked for, back from its output's end
 
 
 def unmet_requirements(folder: Path) -> list[str]:
@@ -89,9 +90,10 @@ def folder_venv(folder: Path) -> Path:
     python = venv / "bin" / "python"
 
     def built() -> bool:
-        if (venv / _BUILT).is_file():
+        done = (venv / _BUILT).is_file()
+        if done:
             logger.info("%s: serving from its own venv %s", folder.name, venv)
-        return (venv / _BUILT).is_file()
+        return done
 
     if built():  # maybe ahead, on a file system read-only now (an image's): nothing to lock
         return python
@@ -228,8 +230,11 @@ class _Installer:
             return [line.rstrip() for line in output.read().splitlines() if line.strip()]
 
     def _last_line(self) -> str:
-        lines = self._output()
-        return lines[-1][:200] if lines else "(nothing yet)"
+        """The output's last line, read from its end: asked every half second of a build that can log thousands."""
+        with self.log.open("rb") as output:
+            output.seek(max(0, output.seek(0, 2) - _TAIL_BYTES))
+            lines = [line for line in output.read().decode(errors="replace").splitlines() if line.strip()]
+        return lines[-1].rstrip()[:200] if lines else "(nothing yet)"
 
 
 def _python_version_for_nemo_gym() -> str | None:

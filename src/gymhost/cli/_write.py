@@ -158,8 +158,8 @@ def _progress_lines(quiet: bool) -> Iterator[None]:
 
 
 class _Bar(logging.Handler):
-    """Progress records as a rich bar: one task per thing counted (its message up to the counts), moved to ``done``
-    of ``total``; a record without counts is printed above the bar."""
+    """Progress records as a rich bar: one task per thing ``counting`` names, moved to ``done`` of ``total``; a
+    record without counts is printed above the bar."""
 
     def __init__(self, bar: Any) -> None:
         super().__init__()
@@ -167,12 +167,10 @@ class _Bar(logging.Handler):
         self.tasks: dict[str, Any] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
-        done, total = getattr(record, "done", None), getattr(record, "total", None)
-        message = record.getMessage()
-        if done is None or total is None:
-            self.bar.console.print(f"gymhost: {message}", highlight=False, markup=False)
+        what, done, total = (getattr(record, name, None) for name in ("counting", "done", "total"))
+        if what is None or done is None or total is None:
+            self.bar.console.print(f"gymhost: {record.getMessage()}", highlight=False, markup=False)
             return
-        what = message.split(": the ", 1)[0]
         if what not in self.tasks:
             self.tasks[what] = self.bar.add_task(f"{what}: tasks read", total=total)
         self.bar.update(self.tasks[what], completed=done, total=total)

@@ -335,10 +335,11 @@ class OpenEnvLauncher:
                 answers.append((reply["data"], listed))
                 # Each read, for a progress bar (DEBUG); a tenth at a time, for a log (INFO).
                 tenth = (10 * len(answers)) // len(resets) > (10 * (len(answers) - 1)) // len(resets)
-                if len(resets) > 1 and progress.isEnabledFor(logging.INFO if tenth else logging.DEBUG):
-                    progress.log(logging.INFO if tenth else logging.DEBUG, "%s, split %s: the resets of %d of %d "
-                                 "tasks read", self.environment, reset.get("split"), len(answers), len(resets),
-                                 extra={"done": len(answers), "total": len(resets)})  # fmt: skip
+                if len(resets) > 1:
+                    counting = f"{self.environment}, split {reset.get('split')}"
+                    progress.log(logging.INFO if tenth else logging.DEBUG, "%s: the resets of %d of %d tasks read",
+                                 counting, len(answers), len(resets),
+                                 extra={"counting": counting, "done": len(answers), "total": len(resets)})  # fmt: skip
         finally:
             await session.close()
         return answers
