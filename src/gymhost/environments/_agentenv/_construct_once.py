@@ -30,11 +30,8 @@ import sys
 import tempfile
 from typing import Any
 
-import httpx
-
 from ..._sessions._identity import die_with_parent
-from ._client import EnvClient
-from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, construct
+from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, InProcessClient, construct
 from ._schema_cache import prepare
 
 __all__ = ["constructed_once"]
@@ -152,13 +149,12 @@ def _descriptors() -> frozenset[str]:
 async def _prepare(constructed: Constructed) -> None:
     """What each instance would build on its first requests, built once here: the validators of the tools' argument
     and result schemas (``_schema_cache``, found by their JSON text), and what the first read of the card builds on
-    its way through httpx and the app (ABC checks, the app's middleware stack). Best effort: what fails here is
+    its way through the app (ABC checks, the app's middleware stack). Best effort: what fails here is
     built in the instance."""
     with contextlib.suppress(Exception):
         tools = await constructed.mcp_app.list_tools()
         prepare(schema for tool in tools for schema in (tool.inputSchema, tool.outputSchema) if schema is not None)
-    transport = httpx.ASGITransport(app=constructed.app)
-    client = EnvClient("http://template.in-process", transport=transport, data_timeout=NO_NETWORK_TIMEOUT_S)
+    client = InProcessClient("http://template.in-process", built=constructed, data_timeout=NO_NETWORK_TIMEOUT_S)
     try:
         with contextlib.suppress(Exception):
             await client.card()

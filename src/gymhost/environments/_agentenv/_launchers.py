@@ -29,6 +29,7 @@ from ..._logging import fastmcp_leaves_logging_alone
 from .._backend import ELSEWHERE, Catalog, Instance, ToolSession, forever
 from .._errors import DataPlaneError, StartupError
 from .._settings import PoolSettings
+from . import _in_memory
 from ._client import EnvClient
 from ._direct import DirectToolSession
 from ._schema_cache import install as install_schema_cache
@@ -124,14 +125,17 @@ class UrlLauncher:
 
 
 class InProcessClient(EnvClient):
-    """An in-process instance's client: the card and the data plane through an in-memory ASGI transport, tool calls
-    straight on its FastMCP server (``_direct``), with no HTTP in between."""
+    """An in-process instance's client: the card and the data plane its app called directly (``_in_memory``), tool
+    calls straight on its FastMCP server (``_direct``), with no HTTP in between. Its HTTP client, over an in-memory
+    transport, is there for MCP over the wire (``McpSession``), which the tests hold the direct calls to."""
 
-    def __init__(
-        self, base_url: str, *, mcp_app: Any, transport: httpx.AsyncBaseTransport, data_timeout: float
-    ) -> None:
-        super().__init__(base_url, transport=transport, data_timeout=data_timeout)
-        self._mcp_app = mcp_app
+    def __init__(self, base_url: str, *, built: Constructed, data_timeout: float) -> None:
+        super().__init__(base_url, transport=httpx.ASGITransport(app=built.app), data_timeout=data_timeout)
+        self._app = built.app
+        self._mcp_app = built.mcp_app
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return await _in_memory.request(self._app, self.base_url, method, path, **kwargs)
 
     def tool_session(self, catalog: Catalog, *, role: str | None, timeout: float) -> ToolSession:
         return DirectToolSession(self._mcp_app, role=role, timeout=timeout)
@@ -203,9 +207,7 @@ async def host_in_process(environment: type[Any] | Constructed, index: int, data
     stop = asyncio.Event()
     task = asyncio.create_task(_host(built.app, started, stop), name=f"gymhost-env-instance-{index}")
     await started
-    transport = httpx.ASGITransport(app=built.app)
-    url = f"http://instance-{index}.in-process"
-    client = InProcessClient(url, mcp_app=built.mcp_app, transport=transport, data_timeout=data_timeout)
+    client = InProcessClient(f"http://instance-{index}.in-process", built=built, data_timeout=data_timeout)
     return Instance(index, client, hosted=_Hosted(task, stop))
 
 
