@@ -401,6 +401,7 @@ def instance_starts(
         settings = PoolSettings.model_validate({})
         first = await launcher.launch(0, settings)  # the template started and warm
         await answered(first.client)
+        await asyncio.sleep(1.0)  # idle, as a pool's template is between batches: it settles (``_immortal``)
         me = os.getpid()
         before_template = {pid: cpu_seconds_precise(pid) for pid in tree(me)}
         own = cpu_seconds_precise(me)

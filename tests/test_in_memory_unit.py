@@ -65,6 +65,9 @@ REQUESTS: list[tuple[str, str, dict[str, Any]]] = [
     ("POST", "/agentenv", {"json": {"jsonrpc": "2.0", "id": 1, "method": "data/add", "params": {"parts": ["é", 1]}}}),
     ("GET", "/ext/score", {"params": {"task": "a b", "n": 3, "flag": True, "tags": ["x", "y"], "none": None}}),
     ("GET", "/ext/score?kept=1", {}),
+    ("GET", "/ext/score?kept=1", {"params": {"added": "2"}}),  # as the installed httpx joins them (0.28 drops kept)
+    ("GET", "/ext/score?lang=é&q=a+b", {}),
+    ("GET", "/ext/naïve/x", {}),
     ("GET", "/ext/a%20b/c%2Fd", {}),
     ("POST", "/ext/grade", {"json": []}),
     ("DELETE", "/ext/thing", {}),
@@ -97,12 +100,6 @@ async def test_the_app_sees_and_answers_what_it_does_through_httpx(
     assert seen(answered) == seen(expected)
     assert answered.headers.get("content-type") == expected.headers.get("content-type")
     assert answered.headers.get("x-seen") == expected.headers.get("x-seen")
-
-
-async def test_params_join_a_query_the_path_already_has() -> None:
-    """As httpx before 0.28 sent them (0.28 drops the path's own query): an endpoint's query is part of its name."""
-    answered = await _in_memory.request(APP, BASE_URL, "GET", "/ext/score?kept=1", params={"added": 2})
-    assert answered.json()["query"] == "kept=1&added=2"
 
 
 async def test_an_error_answer_is_readable_as_agentenv_reads_one() -> None:

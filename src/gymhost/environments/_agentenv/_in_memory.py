@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import json as jsonlib
+import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import unquote
 
 import httpx
 
@@ -24,6 +24,7 @@ __all__ = ["request"]
 
 _CLIENT = ("127.0.0.1", 123)  # the peer httpx's ASGI transport reports
 _JSON = b"application/json"
+_PLAIN = re.compile(r"[A-Za-z0-9/._~-]*")  # a path httpx would send as it is, with no query
 
 
 async def request(
@@ -36,11 +37,15 @@ async def request(
     params: Mapping[str, Any] | None = None,
 ) -> httpx.Response:
     """``method path`` on ``app``, as an ``httpx.AsyncClient`` over ``httpx.ASGITransport`` would send it (``json``
-    as its body, ``params`` in its query); what the app raises is raised here, as that transport raises it."""
-    path, _, query = path.partition("?")
-    if params:
-        query = "&".join(part for part in (query, str(httpx.QueryParams(params))) if part)
+    as its body, ``params`` in its query, as the installed httpx puts them there); what the app raises is raised
+    here, as that transport raises it. An error's answer (400 and above) carries the request it answers, as
+    agentenv's ``ExtensionCallError`` reads it; any other carries none (``EnvClient`` reads status and body only)."""
     host = base_url.partition("://")[2].partition("/")[0]
+    if params is None and _PLAIN.fullmatch(path):  # the card's and the data plane's paths: nothing to encode
+        decoded, raw_path, query = path, path.encode("ascii"), b""
+    else:
+        url = httpx.Request(method, f"{base_url}{path}", params=params).url
+        decoded, raw_path, query = url.path, url.raw_path.partition(b"?")[0], url.query
     headers = [(b"host", host.encode("ascii"))]
     body = b""
     if json is not None:
@@ -53,10 +58,10 @@ async def request(
         "method": method,
         "headers": headers,
         "scheme": "http",
-        "path": unquote(path),
-        "raw_path": path.encode(),
-        "query_string": query.encode(),
-        "server": (host, 80),
+        "path": decoded,
+        "raw_path": raw_path,
+        "query_string": query,
+        "server": (host, None),
         "client": _CLIENT,
         "root_path": "",
     }
@@ -89,6 +94,5 @@ async def request(
         raise RuntimeError(f"{method} {path}: the app returned without a complete answer")
     if status < 400:
         return httpx.Response(status, headers=response_headers, content=b"".join(parts))
-    # An error's readers (agentenv's ExtensionCallError) ask for the request it answers.
-    sent = httpx.Request(method, f"{base_url}{path}", params=query, content=body)
+    sent = httpx.Request(method, f"{base_url}{raw_path.decode('ascii')}", params=query.decode("ascii"), content=body)
     return httpx.Response(status, headers=response_headers, content=b"".join(parts), request=sent)

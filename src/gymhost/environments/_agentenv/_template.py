@@ -41,10 +41,12 @@ import contextlib
 import gc
 import logging
 import os
+import select
 import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -63,12 +65,14 @@ from .._errors import StartupError
 from ._channel import end_for_limit, listen_at, serve_instance
 from ._construct_once import constructed_once
 from ._forking import CONFINE, CONSTRUCT_EACH, PIDFDS, SERVE, SERVER_PID, SPAWNED, TEMPLATE_READY
+from ._immortal import immortalize
 from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, host_in_process, load_environment_class, stop_in_process
 from ._schema_cache import install as install_schema_cache
 
 # The reset an instance runs as it starts, at most this long: past it, the lease's clear (with the data plane's
 # limit) does it, and says what went wrong.
 _START_RESET_S = 30.0
+_QUIET_S = 0.1  # no command for this long: the template is idle (the pool's spawns come a millisecond apart)
 _USAGE = (
     "usage: python -m gymhost.environments._agentenv._template BUNDLE "
     f"({PIDFDS} FD [{CONSTRUCT_EACH}] | {SERVE} SOCKET_PATH) [{CONFINE} RULES]"
@@ -126,7 +130,7 @@ def _template(bundle: Path, *, construct_once: bool, rules: Rules | None, pidfds
     gc.collect()
     gc.freeze()  # what is imported now is never written by the collector again: the pages stay shared
     template = os.getpid()
-    for line in sys.stdin:
+    for line in _commands(sys.stdin.fileno(), idle=_immortalize):
         command, _, path = line.strip().partition(" ")
         if command != "spawn" or not path:
             continue
@@ -152,6 +156,39 @@ def _template(bundle: Path, *, construct_once: bool, rules: Rules | None, pidfds
         except (BrokenPipeError, ConnectionResetError):  # the server died meanwhile: so does this template, now
             os._exit(0)
     os._exit(0)  # the server is gone or done with us: the instances follow (PR_SET_PDEATHSIG)
+
+
+def _commands(fd: int, idle: Callable[[], None] | None) -> Iterator[str]:
+    """The server's command lines, read from ``fd`` unbuffered so that ``idle`` runs, once, the first time no command
+    has come for ``_QUIET_S``: after the pool's first spawns (the server sends them one after another, each as the
+    last is answered), and before a batch's, unless the batch comes first."""
+    pending = b""
+    while True:
+        while b"\n" not in pending:
+            if idle is not None and not select.select([fd], [], [], _QUIET_S)[0]:
+                idle()
+                idle = None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                if pending:
+                    yield pending.decode(errors="replace")
+                return
+            pending += chunk
+        line, _, pending = pending.partition(b"\n")
+        yield line.decode(errors="replace")
+
+
+def _immortalize() -> None:
+    """The template's objects made immortal (``_immortal``): each instance forked after it copies a third fewer of
+    the template's pages. Done once the template is idle, since it takes a tenth of a second or two of its CPU, and
+    spawns wait meanwhile; best effort: a template that cannot goes on as it was."""
+    gc.unfreeze()  # back in the collector's sight (gc.get_objects skips frozen objects), to be found
+    try:
+        immortalize()
+    except Exception as error:  # MemoryError, on a heap too large to walk: forks copy more, nothing else changes
+        print(f"gymhost: instance template: its objects were not made immortal: {error!r}", file=sys.stderr)
+    finally:
+        gc.freeze()
 
 
 def _hand_over(pidfds: socket.socket, pid: int, pidfd: int) -> None:
