@@ -56,7 +56,7 @@ def constructed_once(environment_class: type[Any]) -> type[Any] | Constructed:
         threads = _os_threads()
         try:
             constructed = construct(environment_class)
-            asyncio.run(_prepare(constructed))
+            asyncio.run(_prepare(constructed), loop_factory=asyncio.SelectorEventLoop)  # not the bundle's uvloop
         except Exception as error:
             problem = f"raised {error!r} in the template"
         else:

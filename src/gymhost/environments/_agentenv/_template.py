@@ -67,6 +67,7 @@ from ._construct_once import constructed_once
 from ._forking import CONFINE, CONSTRUCT_EACH, PIDFDS, SERVE, SERVER_PID, SPAWNED, TEMPLATE_READY
 from ._immortal import immortalize
 from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, host_in_process, load_environment_class, stop_in_process
+from ._rehearsal import rehearse
 from ._schema_cache import install as install_schema_cache
 
 # The reset an instance runs as it starts, at most this long: past it, the lease's clear (with the data plane's
@@ -130,7 +131,7 @@ def _template(bundle: Path, *, construct_once: bool, rules: Rules | None, pidfds
     gc.collect()
     gc.freeze()  # what is imported now is never written by the collector again: the pages stay shared
     template = os.getpid()
-    for line in _commands(sys.stdin.fileno(), idle=_immortalize):
+    for line in _commands(sys.stdin.fileno(), idle=_settle):
         command, _, path = line.strip().partition(" ")
         if command != "spawn" or not path:
             continue
@@ -178,12 +179,19 @@ def _commands(fd: int, idle: Callable[[], None] | None) -> Iterator[str]:
         yield line.decode(errors="replace")
 
 
-def _immortalize() -> None:
-    """The template's objects made immortal (``_immortal``): each instance forked after it copies a third fewer of
-    the template's pages. Done once the template is idle, since it takes a tenth of a second or two of its CPU, and
-    spawns wait meanwhile; best effort: a template that cannot goes on as it was."""
+def _settle() -> None:
+    """Once the template is idle: the instances' serving path rehearsed (``_rehearsal``), then everything the
+    template holds made immortal (``_immortal``), so that each instance forked after it starts warm and copies a
+    third fewer of the template's pages. Not before the pool's first instances, which the server waits for to say
+    it is ready: it takes a tenth of a second or two of the template's CPU, and spawns wait meanwhile. Best effort:
+    a template that cannot goes on as it was."""
     gc.unfreeze()  # back in the collector's sight (gc.get_objects skips frozen objects), to be found
     try:
+        rehearse()
+    except (Exception, asyncio.CancelledError) as error:  # the instances start cold, as before
+        print(f"gymhost: instance template: its rehearsal failed: {error!r}", file=sys.stderr)
+    try:
+        gc.collect()  # what the rehearsal left is garbage, not to be kept forever
         immortalize()
     except Exception as error:  # MemoryError, on a heap too large to walk: forks copy more, nothing else changes
         print(f"gymhost: instance template: its objects were not made immortal: {error!r}", file=sys.stderr)
