@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
+import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -198,6 +201,34 @@ async def test_sandbox_off_leaves_the_same_instance_the_servers_reach(tmp_path: 
         assert reached["shadow"] == "done", reached
     assert reached["server"] == "done", reached
     assert reached["parent"] in reached["others"], reached
+
+
+async def test_instances_start_beside_the_machines_own_mounts_under_tmp(tmp_path: Path) -> None:
+    """A confined instance mounts again, in a /tmp of its own, what its template's sandbox mounted under /tmp (the
+    bundle, the venv, when they live there). The machine's own mounts there (another program's tmpfs, a build's
+    chroot, as mmdebstrap makes one) are listed too, but out of reach under the sandbox's /tmp: left out, not a
+    start that fails (every start failed, and a strict server refused to start). One unmounted while the server
+    runs changes nothing either."""
+    bundle = make_bundle(tmp_path / "bundles")
+    folder = (await awrite_folder(str(bundle), tmp_path / "root", instances=1, mode="process")).path
+    passing = Path(tempfile.mkdtemp(prefix="gymhost-test-passing-mount-", dir="/tmp"))
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(passing)], check=True)
+    try:
+        with serving(gymhost_command("serve", str(folder), "--port", "0", "--sandbox", "strict")) as server:
+            async with EpisodeClient(server.url) as episode:  # the instance started while it was there
+                await episode.seed(rows(folder)[0])
+                assert (await episode.verify(rows(folder)[0]))["reward"] is not None
+            subprocess.run(["umount", str(passing)], check=True)
+            passing.rmdir()
+            for row in rows(folder)[:2]:  # each on a fresh instance, started since
+                async with EpisodeClient(server.url) as episode:
+                    await episode.seed(row)
+                    assert (await episode.call_tool("increment")).ok
+                    assert (await episode.verify(row))["reward"] is not None
+            assert "could not confine itself" not in server.output, server.output
+    finally:
+        subprocess.run(["umount", str(passing)], check=False, capture_output=True)
+        shutil.rmtree(passing, ignore_errors=True)
 
 
 async def test_strict_refuses_to_start_where_instances_cannot_be_confined_and_auto_says_so(tmp_path: Path) -> None:

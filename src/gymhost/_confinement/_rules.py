@@ -287,7 +287,13 @@ def _fresh_scratch(rules: Rules, kept: tuple[str, ...]) -> None:
     for path in kept:
         again = os.path.join(aside, os.path.relpath(path, _SCRATCH))
         os.makedirs(again, mode=0o755, exist_ok=True)
-        _mount(path, again, "", _MS_BIND | _MS_REC, None)  # read-only stays read-only: the kernel locks it so
+        try:
+            _mount(path, again, "", _MS_BIND | _MS_REC, None)  # read-only stays read-only: the kernel locks it so
+        except FileNotFoundError:
+            if os.path.exists(path):
+                raise
+            # Out of reach: the machine's own, under the /tmp the sandbox covered with its own (another program's
+            # tmpfs, a build's chroot), or unmounted since the template read the mounts. Nothing to see again.
     _mount(aside, _SCRATCH, "", _MS_MOVE, None)
 
 
