@@ -456,6 +456,11 @@ def process_mode_tables(out: dict[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
+def _in_turn(out: dict[str, Any]) -> str:
+    """How a confinement run's starts were taken: the two ways in turn (since 2026-12-06), or each all at once."""
+    return ", the two ways in turn" if out.get("starts_in_turn") else ""
+
+
 def confinement_tables(out: dict[str, Any], source: str) -> str:
     """Confined process instances (``--sandbox strict``) beside unconfined ones (``off``), against issue 43's
     targets."""
@@ -468,7 +473,7 @@ def confinement_tables(out: dict[str, Any], source: str) -> str:
         f"gridsim written with default options (process mode), confined and not (raw numbers: [{source}]({source})):"
         f" 64 concurrent episodes of 40 tool calls, each server's median of {out['rounds']} interleaved rounds;"
         f" {out['episodes']} think-time episodes at once on a fresh default pool, the median of"
-        f" {out['batch_rounds']} interleaved rounds; 40 instance starts one after another.",
+        f" {out['batch_rounds']} interleaved rounds; 40 instance starts one after another{_in_turn(out)}.",
         "",
         "| | confined (`--sandbox strict`) | unconfined (`--sandbox off`) | ratio | target |",
         "|---|---|---|---|---|",

@@ -369,14 +369,20 @@ def sixty_four(url: str, rows: str, pid: int, quick: bool) -> dict[str, Any]:
     return played
 
 
-def instance_starts(
-    folder: Path, count: int, *, construct_once: bool = True, sandbox: str = "auto"
-) -> dict[str, float]:
+def instance_starts(folder: Path, count: int, *, construct_once: bool = True, sandbox: str = "auto") -> dict[str, Any]:
     """``count`` process-mode instances started one after another by the launcher the pool uses (confined as
-    ``sandbox`` says), each until it answers its card (asked again every 50 ms while it cannot be reached, as the
-    pool asks): wall time a start (mean, median, p99), the CPU of each process involved a start (this one, the
-    template, the instances, the sandbox's), and an idle instance's proportional set size (a confined one's keeper
-    included)."""
+    ``sandbox`` says), each until it answers its card: ``instance_starts_in_turn``'s figures for one way."""
+    ways = {"one": {"construct_once": construct_once, "sandbox": sandbox}}
+    return instance_starts_in_turn(folder, count, ways)["one"]
+
+
+def instance_starts_in_turn(folder: Path, count: int, ways: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``count`` process-mode instances of each way (``construct_once``, ``sandbox``) started by the launcher the pool
+    uses, one after another, the ways in turn (one start of each, their order rotated each time: a noisy minute lands
+    on every way), each start until it answers its card (asked again every 50 ms while it cannot be reached, as the
+    pool asks); each way's template started and settled first. For each way: wall time a start (mean, median, p99),
+    the CPU of each process involved a start (this one, the template, the instances, the sandbox's), and an idle
+    instance's proportional set size (a confined one's keeper included), with all of them up."""
     import asyncio
 
     from gymhost._confinement import confinement
@@ -392,48 +398,61 @@ def instance_starts(
             except EnvUnavailableError:
                 await asyncio.sleep(0.05)
 
-    async def run() -> dict[str, float]:
-        launcher = BundleLauncher(
-            folder / "bundle",
-            construct_once=construct_once,
-            confinement=confinement(sandbox),  # type: ignore[arg-type]
-        )
-        settings = PoolSettings.model_validate({})
-        first = await launcher.launch(0, settings)  # the template started and warm
-        await answered(first.client)
-        await asyncio.sleep(1.0)  # idle, as a pool's template is between batches: it settles (``_immortal``)
+    async def run() -> dict[str, Any]:
         me = os.getpid()
-        before_template = {pid: cpu_seconds_precise(pid) for pid in tree(me)}
-        own = cpu_seconds_precise(me)
-        began = time.perf_counter()
-        started, each = [], []
+        settings = PoolSettings.model_validate({})
+        launchers, firsts, templates = {}, {}, {}
+        for name, way in ways.items():
+            known = set(tree(me))
+            launchers[name] = BundleLauncher(
+                folder / "bundle",
+                construct_once=way.get("construct_once", True),
+                confinement=confinement(way.get("sandbox", "auto")),  # type: ignore[arg-type]
+            )
+            firsts[name] = await launchers[name].launch(0, settings)  # the template started and warm
+            await answered(firsts[name].client)
+            templates[name] = [pid for pid in tree(me) if pid not in known]  # its template, and its first instance
+        await asyncio.sleep(1.0)  # idle, as a pool's template is between batches: it settles (``_rehearsal``)
+        before = {pid: cpu_seconds_precise(pid) for pid in tree(me)}
+        each: dict[str, list[float]] = {name: [] for name in ways}
+        own: dict[str, float] = dict.fromkeys(ways, 0.0)
+        started: dict[str, list[Any]] = {name: [] for name in ways}
+        theirs: dict[str, list[int]] = {name: [] for name in ways}
         for index in range(1, count + 1):
-            one = time.perf_counter()
-            instance = await launcher.launch(index, settings)
-            await answered(instance.client)
-            each.append(time.perf_counter() - one)
-            started.append(instance)
-        wall = time.perf_counter() - began
+            for name, _ in in_turn(ways, index):
+                known = set(tree(me))
+                mine = cpu_seconds_precise(me)
+                one = time.perf_counter()
+                instance = await launchers[name].launch(index, settings)
+                await answered(instance.client)
+                each[name].append(time.perf_counter() - one)
+                own[name] += cpu_seconds_precise(me) - mine
+                started[name].append(instance)
+                theirs[name] += [pid for pid in tree(me) if pid not in known]
         after = {pid: cpu_seconds_precise(pid) for pid in tree(me)}
-        last = started[-1].process.pid  # type: ignore[union-attr]
-        pss = 0.0
-        for pid in [last, *tree(last)]:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    pss += int(line.split()[1]) / 1024
-        for instance in [first, *started]:
-            await launcher.stop(instance)
-        await launcher.close()
-        template = sum(after[pid] - before_template[pid] for pid in before_template if pid in after)
-        instances = sum(value for pid, value in after.items() if pid not in before_template)
-        each.sort()
-        return {"starts": count, "wall_ms": round(wall * 1000 / count, 1),
-                "wall_p50_ms": round(each[len(each) // 2] * 1000, 1),
-                "wall_p99_ms": round(each[min(len(each) - 1, int(len(each) * 0.99))] * 1000, 1),
-                "server_cpu_ms": round((cpu_seconds_precise(me) - own) * 1000 / count, 2),
-                "template_cpu_ms": round(template * 1000 / count, 2),
-                "instance_cpu_ms": round(instances * 1000 / count, 2),
-                "idle_instance_pss_mb": round(pss, 1)}  # fmt: skip
+        out: dict[str, Any] = {}
+        for name in ways:
+            last = started[name][-1].process.pid
+            pss = 0.0
+            for pid in [last, *tree(last)]:
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith("Pss:"):
+                        pss += int(line.split()[1]) / 1024
+            template = sum(after[pid] - before[pid] for pid in templates[name] if pid in after and pid in before)
+            instances = sum(after.get(pid, 0.0) for pid in theirs[name])
+            times = sorted(each[name])
+            out[name] = {"starts": count, "wall_ms": round(sum(times) * 1000 / count, 1),
+                         "wall_p50_ms": round(times[len(times) // 2] * 1000, 1),
+                         "wall_p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))] * 1000, 1),
+                         "server_cpu_ms": round(own[name] * 1000 / count, 2),
+                         "template_cpu_ms": round(template * 1000 / count, 2),
+                         "instance_cpu_ms": round(instances * 1000 / count, 2),
+                         "idle_instance_pss_mb": round(pss, 1)}  # fmt: skip
+        for name, launcher in launchers.items():
+            for instance in [firsts[name], *started[name]]:
+                await launcher.stop(instance)
+            await launcher.close()
+        return out
 
     return asyncio.run(run())
 
