@@ -242,7 +242,13 @@ test-wheel: .venv/.installed | $(UV) check-py313
 # CA bundle is lent to the build).
 VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' src/gymhost/_version.py)
 IMAGE := gymhost:$(VERSION)
-TRIXIE := localhost/gymhost-base:trixie
+TRIXIE := localhost/gymhost-base:trixie-slim
+# What the base leaves out, as Debian's own slim images do: manual pages, translations and documentation (49 MB of
+# a minbase with Python), the copyright files kept. The rules stay in the image's dpkg configuration, so what an
+# image built on it installs with apt leaves them out too.
+SLIM_DPKG := $(foreach rule,path-exclude=/usr/share/man/* path-exclude=/usr/share/info/* \
+	path-exclude=/usr/share/locale/* path-include=/usr/share/locale/locale.alias \
+	path-exclude=/usr/share/doc/* path-include=/usr/share/doc/*/copyright,--dpkgopt='$(rule)')
 BASE ?= $(TRIXIE)
 PODMAN := podman --runtime runc
 CONTAINER_LIMITS = --ulimit nofile=$$(ulimit -Hn):$$(ulimit -Hn) --ulimit nproc=4096:4096
@@ -252,7 +258,7 @@ image-base:
 	@$(NEED) $(CONTAINER_TOOLS)
 	@if [ "$(BASE)" = "$(TRIXIE)" ] && ! $(PODMAN) image exists $(TRIXIE); then \
 		echo "make image: building the base image $(TRIXIE) from Debian's packages (mmdebstrap)"; \
-		mmdebstrap --quiet --variant=minbase --include=python3,python3-venv,ca-certificates trixie - \
+		mmdebstrap --quiet --variant=minbase $(SLIM_DPKG) --include=python3,python3-venv,ca-certificates trixie - \
 			http://deb.debian.org/debian | $(PODMAN) import --quiet - $(TRIXIE) >/dev/null; fi
 
 image: image-base
