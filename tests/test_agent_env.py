@@ -312,3 +312,23 @@ async def test_agent_envs_app_killed_mid_episode_costs_that_episode_only(folder:
             await asyncio.sleep(0.1)
         assert not alive(app), "agent-env's app outlived the server that started it"
         assert not socket.parent.exists(), "the app's folder was left behind"
+
+
+def test_agent_envs_app_imports_agent_env_without_gradio_and_a_bundle_still_finds_it() -> None:
+    """OpenEnv's server package imports gradio for a web interface that agent-env's app (on a Unix socket, with no
+    ENABLE_WEB_INTERFACE) never mounts: the app imports agent-env as if gradio were not installed (2.6 of the 4.6 s
+    that import took), and a bundle's own ``import gradio`` afterwards finds it as installed."""
+    app = REPO / "src" / "gymhost" / "environments" / "_openenv" / "_agent_env_app.py"
+    script = (
+        "import runpy, sys\n"
+        f"app = runpy.run_path({str(app)!r}, run_name='agent_env_app')\n"
+        "with app['_without_gradio']():\n"
+        "    from agent_env.openenv import build_app\n"
+        "import openenv.core.env_server as server\n"
+        "print('gradio' in sys.modules, server.create_web_interface_app is None)\n"
+        "import gradio\n"
+        "print(gradio.Blocks.__name__)\n"
+    )
+    done = run_to_completion([agent_env_python(), "-c", script], timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.split("\n")[:2] == ["False True", "Blocks"], done.stdout

@@ -16,7 +16,10 @@ app's folder (the socket's, which also holds agent-env's stores): then the app r
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import importlib.abc
+import importlib.machinery
 import logging
 import os
 import shutil
@@ -24,7 +27,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 
 _PR_SET_PDEATHSIG = 1
 _GRACE_S = 10.0  # uvicorn's graceful shutdown (5 s) and agent-env's teardown of open episodes, then a hard exit
@@ -45,7 +50,9 @@ def main(argv: list[str]) -> None:
     logging.getLogger("a2a.server.apps.jsonrpc.jsonrpc_app").setLevel(logging.ERROR)
 
     import uvicorn
-    from agent_env.openenv import build_app
+
+    with _without_gradio():
+        from agent_env.openenv import build_app
 
     app = build_app(bundle, max_concurrent_envs=sessions)
     # uvicorn shuts down on SIGTERM, then restores this handler and raises the signal again: the way out.
@@ -54,6 +61,29 @@ def main(argv: list[str]) -> None:
         uvicorn.run(app, uds=socket_path, log_level="warning", timeout_graceful_shutdown=5)
     finally:
         _remove_if_orphaned(parent, folder)
+
+
+class _NoGradio(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname == "gradio" or fullname.startswith("gradio."):
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return None
+
+
+@contextlib.contextmanager
+def _without_gradio() -> Iterator[None]:
+    """agent-env's import as if gradio were not installed: OpenEnv's server package imports its web interface, and
+    with it gradio (2.6 of the 4.6 s the import took here), and leaves the interface out when gradio is missing. It
+    is only mounted with ``ENABLE_WEB_INTERFACE``, which this app never gets (its environment is an allow-list) and
+    which on a Unix socket nobody could open. A bundle's own ``import gradio``, later, finds gradio as installed."""
+    blocker = _NoGradio()
+    sys.meta_path.insert(0, blocker)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(blocker)
 
 
 def _remove_if_orphaned(parent: int, folder: Path) -> None:
