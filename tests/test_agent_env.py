@@ -332,3 +332,31 @@ def test_agent_envs_app_imports_agent_env_without_gradio_and_a_bundle_still_find
     done = run_to_completion([agent_env_python(), "-c", script], timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.split("\n")[:2] == ["False True", "Blocks"], done.stdout
+
+
+def test_agent_envs_app_says_a_client_that_left_in_one_line() -> None:
+    """agent-env's framework logs a traceback when a request's client leaves before its body is read (its own
+    client, when a session closes mid-call): the app says it in one warning line, and a real error keeps its
+    traceback."""
+    app = REPO / "src" / "gymhost" / "environments" / "_openenv" / "_agent_env_app.py"
+    script = (
+        "import logging, runpy\n"
+        "from starlette.requests import ClientDisconnect\n"
+        f"runpy.run_path({str(app)!r}, run_name='agent_env_app')['_configure_logging']()\n"
+        "logger = logging.getLogger('agentenv_protocol.a2a_agent.framework')\n"
+        "for error in (ClientDisconnect(), RuntimeError('broken')):\n"
+        "    try:\n"
+        "        raise error\n"
+        "    except Exception:\n"
+        "        logger.exception('extension request resolution failed (correlation_id=%s)', 'c1')\n"
+    )
+    done = run_to_completion([agent_env_python(), "-c", script], timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert lines[0] == (
+        "agent-env: WARNING agentenv_protocol.a2a_agent.framework: extension request resolution failed "
+        "(correlation_id=c1): the request's client left before its body was read"
+    ), done.stderr
+    assert lines[1].startswith("agent-env: ERROR"), done.stderr
+    assert done.stderr.count("Traceback") == 1, done.stderr
+    assert "RuntimeError: broken" in done.stderr, done.stderr

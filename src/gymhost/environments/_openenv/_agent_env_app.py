@@ -44,10 +44,7 @@ def main(argv: list[str]) -> None:
     _stop_with_parent(parent, folder)
     os.chdir(bundle)
     sys.path.insert(0, str(bundle))
-    # agent-env's logs go to the server's stderr, one line each (FastMCP would install rich's handler at INFO). The
-    # a2a SDK warns on every episode that agent-env reads its proxy's card at the deprecated path: not the operator's.
-    logging.basicConfig(level=logging.WARNING, format="agent-env: %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("a2a.server.apps.jsonrpc.jsonrpc_app").setLevel(logging.ERROR)
+    _configure_logging()
 
     import uvicorn
 
@@ -61,6 +58,28 @@ def main(argv: list[str]) -> None:
         uvicorn.run(app, uds=socket_path, log_level="warning", timeout_graceful_shutdown=5)
     finally:
         _remove_if_orphaned(parent, folder)
+
+
+def _configure_logging() -> None:
+    """agent-env's logs go to the server's stderr, one line each (FastMCP would install rich's handler at INFO). The
+    a2a SDK warns on every episode that agent-env reads its proxy's card at the deprecated path: not the operator's.
+    """
+    logging.basicConfig(level=logging.WARNING, format="agent-env: %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("a2a.server.apps.jsonrpc.jsonrpc_app").setLevel(logging.ERROR)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_client_left_in_one_line)
+
+
+def _client_left_in_one_line(record: logging.LogRecord) -> bool:
+    """agent-env's A2A framework logs a traceback at ERROR when a request's client leaves before its body is read:
+    its own client, inside the app, when a session closes while one of its calls is in flight (seen under load, as
+    a test's episode ended). Said in one warning line instead: a traceback in the server's log means a fault."""
+    error = record.exc_info[1] if record.exc_info else None
+    if error is not None and type(error).__name__ == "ClientDisconnect":
+        record.msg = f"{record.getMessage()}: the request's client left before its body was read"
+        record.args, record.exc_info, record.exc_text = None, None, None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+    return True
 
 
 class _NoGradio(importlib.abc.MetaPathFinder):
