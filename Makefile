@@ -57,7 +57,7 @@ new_venv = rm -rf $(1) && $(UV) venv --quiet --python $(2) $(1)
 # uv_install DIR ARGS: uv pip install ARGS into the venv at DIR.
 uv_install = $(UV) pip install --quiet --python $(1)/bin/python
 
-.PHONY: test test-tiers check venvs system-packages test-lowest test-replay-gym04 test-replay-gym07 test-replay-image test-verifiers-gym04 test-verifiers-gym07 lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-startup bench-request-profile bench-layers bench-process-mode bench-confinement bench-confined-server clean check-pythons check-py312 check-py313
+.PHONY: test test-tiers check venvs system-packages test-lowest test-replay-gym04 test-replay-gym07 test-replay-image test-verifiers-gym04 test-verifiers-gym07 lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-startup bench-request-profile bench-layers bench-process-mode bench-confinement bench-namespaces bench-confined-server clean check-pythons check-py312 check-py313
 
 check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -365,6 +365,10 @@ bench-process-mode: .venv-gym07/.installed
 
 bench-confinement: .venv-gym07/.installed
 	cd benchmarks && ../.venv-gym07/bin/python confinement.py
+
+# What each namespace of a confined instance costs the machine, fork to exit (benchmarks/namespaces.py; root).
+bench-namespaces: .venv-gym07/.installed
+	cd benchmarks && ../.venv-gym07/bin/python namespaces.py
 
 bench-confined-server: .venv-gym07/.installed
 	@$(NEED) wrk=wrk
