@@ -524,11 +524,14 @@ def cold_start(root: Path, quick: bool, baseline: str | None = None) -> dict[str
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             with server(gymhost_serve(folder, port, *settings), url, env=environment) as process:
+                before = _cpu_and_faults(process.pid)
                 think = loadgen("think", url, rows, "--pid", str(process.pid), "--episodes", str(episodes),
                                 "--think", "0.5", "--calls", "4")  # fmt: skip
+                think["cpu_ms_an_episode"] = _cpu_split(process.pid, before, episodes)
             played[name].append(think)
             print(f"  {name}: seed p50/p99 {think['seed'].get('p50_ms')}/{think['seed'].get('p99_ms')} ms,"
-                  f" {think['errors']} errors, peak {think['peak_instances']} instances")  # fmt: skip
+                  f" {think['errors']} errors, peak {think['peak_instances']} instances,"
+                  f" CPU an episode {think['cpu_ms_an_episode']}")  # fmt: skip
     out: dict[str, Any] = {"episodes": episodes, "rounds": rounds}
     for name in variants:
         by_p99 = sorted(played[name], key=lambda think: think["seed"].get("p99_ms") or 0.0)
@@ -543,6 +546,37 @@ def cold_start(root: Path, quick: bool, baseline: str | None = None) -> dict[str
         before = out["baseline"]["think_time"]["seed"].get("p99_ms")
         out["p99_vs_baseline"] = round(once / before, 2) if once and before else None
     return out
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_and_faults(pid: int) -> dict[int, tuple[float, float, int]]:
+    """User and system CPU seconds and minor page faults of a server and of each process under it, as they are now."""
+    found = {}
+    for process in (pid, *tree(pid)):
+        with contextlib.suppress(OSError):  # one that ended meanwhile
+            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+            found[process] = (int(fields[11]) / _TICK, int(fields[12]) / _TICK, int(fields[7]))
+    return found
+
+
+def _cpu_split(pid: int, before: dict[int, tuple[float, float, int]], episodes: int) -> dict[str, float]:
+    """A cold batch's CPU an episode in the server's own process and in the processes under it that lived through
+    the batch (the instance template, and bubblewrap's around it: not the instances, which come and go), the
+    template's system share and minor faults apart: what each spawn costs the process that forks it."""
+    after = _cpu_and_faults(pid)
+    server = sum(after[pid][:2]) - sum(before[pid][:2])
+    lasting = [process for process in before if process != pid and process in after]
+    user = sum(after[process][0] - before[process][0] for process in lasting)
+    system = sum(after[process][1] - before[process][1] for process in lasting)
+    faults = sum(after[process][2] - before[process][2] for process in lasting)
+    return {
+        "server": round(server / episodes * 1000, 2),
+        "template_user": round(user / episodes * 1000, 2),
+        "template_system": round(system / episodes * 1000, 2),
+        "template_faults": round(faults / episodes),
+    }
 
 
 def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
