@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
 
+import run
+
 from gymhost._confinement import _rules  # this checkout's
 
 HERE = Path(__file__).resolve().parent
@@ -73,7 +75,7 @@ def main() -> None:
         for name, measured in rounds.items()
     }
     plain = rows["a plain fork"]["machine_cpu_us"]
-    results = {"forks": FORKS, "rounds": ROUNDS, "cpu": _cpu_model(), "kernel": os.uname().release, "sets": rows}
+    results = {"forks": FORKS, "rounds": ROUNDS, "machine": run.machine(), "sets": rows}
     path = HERE / "results" / f"{datetime.date.today().isoformat()}-namespaces.json"
     number = 2
     while path.exists():
@@ -86,13 +88,6 @@ def main() -> None:
     for name, row in rows.items():
         extra = row["machine_cpu_us"] - plain
         print(f"| {name} | {row['wall_us']:,} | {row['machine_cpu_us']:,} | {'' if not extra else f'{extra:+,}'} |")
-
-
-def _cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, py
 
 BUNDLE = REPO / "examples" / "agent_env_quiz"
 SERVER = Path(__file__).with_name("agent_env_server.py")
+APP_RUNNER = REPO / "src" / "gymhost" / "environments" / "_openenv" / "_agent_env_app.py"  # agent-env's app, as run
 TOOLS = {
     "capital": ["end_turn"],
     "count": ["end_turn"],
@@ -318,10 +319,9 @@ def test_agent_envs_app_imports_agent_env_without_gradio_and_a_bundle_still_find
     """OpenEnv's server package imports gradio for a web interface that agent-env's app (on a Unix socket, with no
     ENABLE_WEB_INTERFACE) never mounts: the app imports agent-env as if gradio were not installed (2.6 of the 4.6 s
     that import took), and a bundle's own ``import gradio`` afterwards finds it as installed."""
-    app = REPO / "src" / "gymhost" / "environments" / "_openenv" / "_agent_env_app.py"
     script = (
         "import runpy, sys\n"
-        f"app = runpy.run_path({str(app)!r}, run_name='agent_env_app')\n"
+        f"app = runpy.run_path({str(APP_RUNNER)!r}, run_name='agent_env_app')\n"
         "with app['_without_gradio']():\n"
         "    from agent_env.openenv import build_app\n"
         "import openenv.core.env_server as server\n"
@@ -338,11 +338,10 @@ def test_agent_envs_app_says_a_client_that_left_in_one_line() -> None:
     """agent-env's framework logs a traceback when a request's client leaves before its body is read (its own
     client, when a session closes mid-call): the app says it in one warning line, and a real error keeps its
     traceback."""
-    app = REPO / "src" / "gymhost" / "environments" / "_openenv" / "_agent_env_app.py"
     script = (
         "import logging, runpy\n"
         "from starlette.requests import ClientDisconnect\n"
-        f"runpy.run_path({str(app)!r}, run_name='agent_env_app')['_configure_logging']()\n"
+        f"runpy.run_path({str(APP_RUNNER)!r}, run_name='agent_env_app')['_configure_logging']()\n"
         "logger = logging.getLogger('agentenv_protocol.a2a_agent.framework')\n"
         "for error in (ClientDisconnect(), RuntimeError('broken')):\n"
         "    try:\n"
