@@ -359,8 +359,10 @@ class AppSettings:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """What ``gymhost serve`` serves and how: every option of the command a field, kept apart from running it
-    (``gymhost.Server``), as uvicorn keeps ``Config`` from ``Server``."""
+    """What ``gymhost serve`` serves and how: every option of the command a field (but the confinement's, which every
+    process of the server reads from the environment: ``SANDBOX_ENV_VAR``, ``NETWORK_ENV_VAR``,
+    ``INSTANCE_LIMIT_ENV_VARS``), kept apart from running it (``gymhost.Server``), as uvicorn keeps ``Config`` from
+    ``Server``."""
 
     # What to serve (``_hosting._targets``): folders, a Gym root, or installed Gym servers by name; ``only`` picks
     # servers of a root.

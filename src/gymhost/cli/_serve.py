@@ -197,9 +197,9 @@ __all__ = ["serve"]
     type=click.Choice(SANDBOXES),
     default=None,
     help="How hosted code runs. auto (a folder's default): a written bundle's process instances confined in "
-    "namespaces where this machine allows them, else within their limits, said at start; strict: confined or no "
-    "start, and a Gym server's own process confined too; off: unconfined, the code trusted. Over what a written "
-    "folder's config says.  [default: the folder's, else auto]",
+    "namespaces where this machine allows them, else with Landlock and seccomp, else within their limits, said at "
+    "start; strict: confined or no start, and a Gym server's own process confined too; off: unconfined, the code "
+    "trusted. Over what a written folder's config says.  [default: the folder's, else auto]",
 )
 @click.option(
     "--network",
