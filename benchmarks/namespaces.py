@@ -37,16 +37,10 @@ SETS = {
 }
 
 
-def machine_cpu_s() -> float:
-    with open("/proc/stat") as stat:
-        fields = [int(value) for value in stat.readline().split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
-
-
 def forks(flags: int) -> tuple[float, float]:
     """Microseconds a fork of ``flags``: wall, and the machine's CPU."""
     time.sleep(SETTLE_S)  # the last set's deferred teardown done before this one's count starts
-    cpu, wall = machine_cpu_s(), time.perf_counter()
+    cpu, wall = run.machine_cpu_s(), time.perf_counter()
     for _ in range(FORKS):
         pid, pidfd = _rules._clone3(flags | _rules._CLONE_PIDFD)
         if pid == 0:
@@ -55,7 +49,7 @@ def forks(flags: int) -> tuple[float, float]:
         os.close(pidfd)
     wall = time.perf_counter() - wall
     time.sleep(SETTLE_S)  # and this set's own, counted
-    return wall / FORKS * 1e6, (machine_cpu_s() - cpu) / FORKS * 1e6
+    return wall / FORKS * 1e6, (run.machine_cpu_s() - cpu) / FORKS * 1e6
 
 
 def main() -> None:

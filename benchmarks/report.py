@@ -567,6 +567,7 @@ def cold_start_tables(out: dict[str, Any], source: str) -> str:
         ),
     )
     row("an idle instance's own memory (PSS)", lambda v: f"{v['starts']['idle_instance_pss_mb']:g} MB")
+    row("CPU an episode in the batch: " + _BATCH_CPU_LABEL, lambda v: _batch_cpu(v["think_time"]))
     before = out.get("baseline")
     if before is not None:
         revision = before["revision"]
@@ -583,9 +584,27 @@ def cold_start_tables(out: dict[str, Any], source: str) -> str:
             f"| pool peak, instances; errors | {once['think_time']['peak_instances']};"
             f" {once['think_time']['errors']} | {before['think_time']['peak_instances']};"
             f" {before['think_time']['errors']} |",
+            f"| CPU an episode in the batch: {_BATCH_CPU_LABEL} | {_batch_cpu(once['think_time'])} |"
+            f" {_batch_cpu(before['think_time'])} |",
             f"| seed p99, this checkout / {revision} | {out['p99_vs_baseline']} | |",
         ]  # fmt: skip
     return "\n".join(lines)
+
+
+_BATCH_CPU_LABEL = "server / template, of it the kernel's / the machine's, ms"
+
+
+def _batch_cpu(think: dict[str, Any]) -> str:
+    """The median round's CPU an episode (``run.cold_start``): the server's, the template's with its system share,
+    and the whole machine's (instances and load generator included), where the round recorded them."""
+    cpu = think.get("cpu_ms_an_episode")
+    if not cpu:
+        return "(not recorded)"
+    machine = cpu.get("machine")
+    return (
+        f"{cpu['server']:g} / {cpu['template_user'] + cpu['template_system']:.2f}, {cpu['template_system']:g}"
+        f" / {'(not recorded)' if machine is None else f'{machine:g}'}"
+    )
 
 
 def hypercorn_tables(out: dict[str, Any], source: str) -> str:

@@ -524,10 +524,12 @@ def cold_start(root: Path, quick: bool, baseline: str | None = None) -> dict[str
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             with server(gymhost_serve(folder, port, *settings), url, env=environment) as process:
-                before = _cpu_and_faults(process.pid)
+                before, machine = _cpu_and_faults(process.pid), machine_cpu_s()
                 think = loadgen("think", url, rows, "--pid", str(process.pid), "--episodes", str(episodes),
                                 "--think", "0.5", "--calls", "4")  # fmt: skip
                 think["cpu_ms_an_episode"] = _cpu_split(process.pid, before, episodes)
+                # Everything the batch cost the machine: the instances (which come and go) and the load generator too.
+                think["cpu_ms_an_episode"]["machine"] = round((machine_cpu_s() - machine) / episodes * 1000, 2)
             played[name].append(think)
             print(f"  {name}: seed p50/p99 {think['seed'].get('p50_ms')}/{think['seed'].get('p99_ms')} ms,"
                   f" {think['errors']} errors, peak {think['peak_instances']} instances,"
@@ -549,6 +551,14 @@ def cold_start(root: Path, quick: bool, baseline: str | None = None) -> dict[str
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
+
+
+def machine_cpu_s() -> float:
+    """The CPU seconds every core of the machine has run (``/proc/stat``: all but idle and iowait), processes that come
+    and go and the kernel's own threads included."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / _TICK
 
 
 def _cpu_and_faults(pid: int) -> dict[int, tuple[float, float, int]]:
