@@ -1166,11 +1166,16 @@ def write_section(section: str, measure: Callable[[], dict[str, Any]]) -> None:
 
 
 def write_results(results: dict[str, Any], stamp: str) -> None:
-    """``results/<stamp>.json``, and the README's tables (and a full run's plot) rendered from it."""
+    """``results/<stamp>.json`` (``<stamp>-2.json`` and on when a run of the day is there already, which the README
+    may cite; a quick run replaces the last quick one), and the README's tables (and a full run's plot) rendered
+    from it."""
     from report import update_readme, write_plot
 
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / f"{stamp}.json").write_text(json.dumps(results, indent=2) + "\n")
+    name, number = f"{stamp}.json", 2
+    while (HERE / "results" / name).exists() and not stamp.endswith("-quick"):
+        name, number = f"{stamp}-{number}.json", number + 1
+    (HERE / "results" / name).write_text(json.dumps(results, indent=2) + "\n")
     if "concurrency" in results:
         write_plot(results, HERE / "concurrency.svg")
     if "tool_calls" in results and not results.get("quick"):  # a full run's figures replace the last one's (plots/)
@@ -1178,7 +1183,7 @@ def write_results(results: dict[str, Any], stamp: str) -> None:
 
         for figure in draw(results):
             print(f"  drew {figure.relative_to(HERE)}")
-    update_readme(results, HERE / "README.md", f"results/{stamp}.json")
+    update_readme(results, HERE / "README.md", f"results/{name}")
 
 
 if __name__ == "__main__":
