@@ -528,7 +528,8 @@ def cold_start(root: Path, quick: bool, baseline: str | None = None) -> dict[str
                 think = loadgen("think", url, rows, "--pid", str(process.pid), "--episodes", str(episodes),
                                 "--think", "0.5", "--calls", "4")  # fmt: skip
                 think["cpu_ms_an_episode"] = _cpu_split(process.pid, before, episodes)
-                # Everything the batch cost the machine: the instances (which come and go) and the load generator too.
+                # What the batch cost the whole machine, from the seeds to the last verdict: the instances (which come
+                # and go; the exits of the last ones may end after it) and the load generator too.
                 think["cpu_ms_an_episode"]["machine"] = round((machine_cpu_s() - machine) / episodes * 1000, 2)
             played[name].append(think)
             print(f"  {name}: seed p50/p99 {think['seed'].get('p50_ms')}/{think['seed'].get('p99_ms')} ms,"
@@ -538,7 +539,8 @@ def cold_start(root: Path, quick: bool, baseline: str | None = None) -> dict[str
     for name in variants:
         by_p99 = sorted(played[name], key=lambda think: think["seed"].get("p99_ms") or 0.0)
         out[name] = {"think_time": by_p99[len(by_p99) // 2], "seed_p99_ms_of_each_round": [
-            think["seed"].get("p99_ms") for think in played[name]]}  # fmt: skip
+            think["seed"].get("p99_ms") for think in played[name]], "cpu_ms_an_episode_of_each_round": [
+            think["cpu_ms_an_episode"] for think in played[name]]}  # fmt: skip
         if name != "baseline":  # measured with this checkout's launcher, in this process
             out[name]["starts"] = instance_starts(folder, 40, construct_once=name == "construct_once")
     once, each = (out[name]["think_time"]["seed"].get("p99_ms") for name in ("construct_once", "construct_each"))
@@ -554,11 +556,12 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def machine_cpu_s() -> float:
-    """The CPU seconds every core of the machine has run (``/proc/stat``: all but idle and iowait), processes that come
-    and go and the kernel's own threads included."""
+    """The CPU seconds every core of the machine has run (``/proc/stat``: user, nice, system, irq and softirq; not
+    the time a hypervisor stole, nor guest time, which user time already counts), processes that come and go and the
+    kernel's own threads included."""
     with open("/proc/stat") as stat:
-        fields = [int(value) for value in stat.readline().split()[1:]]
-    return (sum(fields) - fields[3] - fields[4]) / _TICK
+        user, nice, system, _idle, _iowait, irq, softirq = (int(value) for value in stat.readline().split()[1:8])
+    return (user + nice + system + irq + softirq) / _TICK
 
 
 def _cpu_and_faults(pid: int) -> dict[int, tuple[float, float, int]]:

@@ -199,7 +199,10 @@ def _settle() -> None:
         print(f"gymhost: instance template: its objects were not made immortal: {error!r}", file=sys.stderr)
     finally:
         gc.freeze()
-    collapse()  # then its memory in huge pages, where the kernel can: each fork copies fewer page-table entries
+    try:
+        collapse()  # then its memory in huge pages, where the kernel can: each fork copies fewer page-table entries
+    except Exception as error:  # forks copy what they did
+        print(f"gymhost: instance template: its memory was not put in huge pages: {error!r}", file=sys.stderr)
 
 
 def _hand_over(pidfds: socket.socket, pid: int, pidfd: int) -> None:
