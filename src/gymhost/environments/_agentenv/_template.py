@@ -65,7 +65,6 @@ from .._errors import StartupError
 from ._channel import end_for_limit, listen_at, serve_instance
 from ._construct_once import constructed_once
 from ._forking import CONFINE, CONSTRUCT_EACH, PIDFDS, SERVE, SERVER_PID, SPAWNED, TEMPLATE_READY
-from ._hugepages import collapse
 from ._immortal import immortalize
 from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, host_in_process, load_environment_class, stop_in_process
 from ._rehearsal import rehearse
@@ -183,8 +182,7 @@ def _commands(fd: int, idle: Callable[[], None] | None) -> Iterator[str]:
 def _settle() -> None:
     """Once the template is idle: the instances' serving path rehearsed (``_rehearsal``), then everything the
     template holds made immortal (``_immortal``), so that each instance forked after it starts warm and copies a
-    third fewer of the template's pages, and that memory put in huge pages (``_hugepages``), so that each fork
-    copies fewer page-table entries. Not before the pool's first instances, which the server waits for to say
+    third fewer of the template's pages. Not before the pool's first instances, which the server waits for to say
     it is ready: it takes a tenth of a second or two of the template's CPU, and spawns wait meanwhile. Best effort:
     a template that cannot goes on as it was."""
     gc.unfreeze()  # back in the collector's sight (gc.get_objects skips frozen objects), to be found
@@ -199,10 +197,6 @@ def _settle() -> None:
         print(f"gymhost: instance template: its objects were not made immortal: {error!r}", file=sys.stderr)
     finally:
         gc.freeze()
-    try:
-        collapse()  # then its memory in huge pages, where the kernel can: each fork copies fewer page-table entries
-    except Exception as error:  # forks copy what they did
-        print(f"gymhost: instance template: its memory was not put in huge pages: {error!r}", file=sys.stderr)
 
 
 def _hand_over(pidfds: socket.socket, pid: int, pidfd: int) -> None:
