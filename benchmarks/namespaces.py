@@ -70,11 +70,7 @@ def main() -> None:
     }
     plain = rows["a plain fork"]["machine_cpu_us"]
     results = {"forks": FORKS, "rounds": ROUNDS, "machine": run.machine(), "sets": rows}
-    path = HERE / "results" / f"{datetime.date.today().isoformat()}-namespaces.json"
-    number = 2
-    while path.exists():
-        path = path.with_name(f"{datetime.date.today().isoformat()}-namespaces-{number}.json")
-        number += 1
+    path = run.results_path(f"{datetime.date.today().isoformat()}-namespaces")
     path.write_text(json.dumps(results, indent=2) + "\n")
     print(path.relative_to(HERE))
     print("\n| namespaces | wall a fork, µs | machine CPU a fork, µs | beyond a plain fork |")

@@ -327,10 +327,19 @@ def concurrency(root: Path, levels: str) -> dict[str, Any]:
     return result
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_times(pid: int) -> tuple[float, float, int]:
+    """User and system CPU seconds and minor page faults of one process (not its children), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / _TICK, int(fields[12]) / _TICK, int(fields[7])
+
+
 def cpu_seconds(pid: int) -> float:
     """User and system CPU time of one process (not its children)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    user, system, _ = process_times(pid)
+    return user + system
 
 
 def cpu_seconds_precise(pid: int) -> float:
@@ -552,9 +561,6 @@ def cold_start(root: Path, quick: bool, baseline: str | None = None) -> dict[str
     return out
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def machine_cpu_s() -> float:
     """The CPU seconds every core of the machine has run (``/proc/stat``: user, nice, system, irq and softirq; not
     the time a hypervisor stole, nor guest time, which user time already counts), processes that come and go and the
@@ -569,8 +575,7 @@ def _cpu_and_faults(pid: int) -> dict[int, tuple[float, float, int]]:
     found = {}
     for process in (pid, *tree(pid)):
         with contextlib.suppress(OSError):  # one that ended meanwhile
-            fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
-            found[process] = (int(fields[11]) / _TICK, int(fields[12]) / _TICK, int(fields[7]))
+            found[process] = process_times(process)
     return found
 
 
@@ -1169,16 +1174,12 @@ def write_section(section: str, measure: Callable[[], dict[str, Any]]) -> None:
 
 
 def write_results(results: dict[str, Any], stamp: str) -> None:
-    """``results/<stamp>.json`` (``<stamp>-2.json`` and on when a run of the day is there already, which the README
-    may cite; a quick run replaces the last quick one), and the README's tables (and a full run's plot) rendered
-    from it."""
+    """The run's results file (``results_path``; a quick run replaces the last quick one), and the README's tables
+    (and a full run's plot) rendered from it."""
     from report import update_readme, write_plot
 
-    (HERE / "results").mkdir(exist_ok=True)
-    name, number = f"{stamp}.json", 2
-    while (HERE / "results" / name).exists() and not stamp.endswith("-quick"):
-        name, number = f"{stamp}-{number}.json", number + 1
-    (HERE / "results" / name).write_text(json.dumps(results, indent=2) + "\n")
+    path = results_path(stamp, replace=stamp.endswith("-quick"))
+    path.write_text(json.dumps(results, indent=2) + "\n")
     if "concurrency" in results:
         write_plot(results, HERE / "concurrency.svg")
     if "tool_calls" in results and not results.get("quick"):  # a full run's figures replace the last one's (plots/)
@@ -1186,7 +1187,17 @@ def write_results(results: dict[str, Any], stamp: str) -> None:
 
         for figure in draw(results):
             print(f"  drew {figure.relative_to(HERE)}")
-    update_readme(results, HERE / "README.md", f"results/{name}")
+    update_readme(results, HERE / "README.md", f"results/{path.name}")
+
+
+def results_path(stamp: str, *, replace: bool = False) -> Path:
+    """``results/<stamp>.json``, or, when a run of the day is there already (which the README may cite), the first
+    free ``<stamp>-2.json``, ``-3``...; ``replace``: the stamp's own file, whatever it holds."""
+    (HERE / "results").mkdir(exist_ok=True)
+    path, number = HERE / "results" / f"{stamp}.json", 2
+    while path.exists() and not replace:
+        path, number = HERE / "results" / f"{stamp}-{number}.json", number + 1
+    return path
 
 
 if __name__ == "__main__":
