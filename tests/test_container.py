@@ -273,6 +273,50 @@ def test_the_image_the_manifest_names_serves_a_written_folder_and_gyms_behind_on
         assert_scored(trace, 1.0)
 
 
+# Run in the image: for each module named, whether it has bytecode (what pip compiled at build), so a start reads it
+# rather than compiling it, as the image's PYTHONDONTWRITEBYTECODE and read-only root file system make it do each time.
+_BYTECODE_CHECK = """
+import importlib.util, json, os, sys
+checked, missing, unfound = 0, [], 0
+for name in sys.argv[1:]:
+    try:
+        spec = importlib.util.find_spec(name)
+    except Exception:
+        spec = None
+    if spec is None:
+        unfound += 1
+    elif spec.origin and spec.origin.endswith(".py") and spec.cached:
+        checked += 1
+        if not os.path.exists(spec.cached):
+            missing.append(f"{name} ({spec.origin})")
+print(json.dumps({"checked": checked, "missing": missing, "unfound": unfound}))
+"""
+_IMPORTED = re.compile(r"^import time:\s+\d+ \|\s+\d+ \| +(\S+)$", re.MULTILINE)
+
+
+def test_every_module_a_server_imports_in_the_image_has_its_bytecode(tmp_path: Path) -> None:
+    """The image leaves out the bytecode of what no server imports (deploy/container/Containerfile: tests, pip,
+    Pygments, nemo-gym's benchmarks): serving a Gym server by name and a written folder in-process (whose server
+    imports what a process instance's template does), as the manifest runs it (two workers), every module the
+    processes imported by the time they were ready has its bytecode in the image."""
+    from gymhost.environments import write_folder
+
+    root = tmp_path / "in-process"
+    write_folder(str(GRIDSIM), root, mode="in_process")
+    subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
+    extra = ("-v", f"{root}:/srv/gym:ro", "-e", "PYTHONPROFILEIMPORTTIME=1")
+    arguments = (WEATHER, f"/srv/gym/resources_servers/{GRIDSIM_NAME}")
+    with running(image(), tmp_path, extra=extra, arguments=arguments) as container:
+        names = sorted(set(_IMPORTED.findall(container.logs())))
+        assert "gymhost.environments._agentenv._launchers" in names, names
+        assert "fastapi" in names, names
+        done = container.exec("python", "-c", _BYTECODE_CHECK, *names)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["checked"] > 1000, found  # gymhost's, nemo-gym's, their dependencies' and the standard library's
+    assert found["missing"] == [], found
+
+
 @pytest.mark.anyio
 async def test_the_image_confines_its_instances_as_the_confined_overlay_runs_it(root: Path, tmp_path: Path) -> None:
     """deploy/kubernetes/confined's pod (uid 10001, read-only root, no capabilities, no new privileges; /proc
