@@ -1169,11 +1169,11 @@ def write_section(section: str, measure: Callable[[], dict[str, Any]]) -> None:
     record = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "machine": machine()}
     record[section] = measure()
     stamp = f"{record['date'][:10]}-{section.replace('_', '-')}"
-    write_results(record, stamp)
-    print(f"(raw: results/{stamp}.json)", file=sys.stderr)
+    path = write_results(record, stamp)
+    print(f"(raw: results/{path.name})", file=sys.stderr)
 
 
-def write_results(results: dict[str, Any], stamp: str) -> None:
+def write_results(results: dict[str, Any], stamp: str) -> Path:
     """The run's results file (``results_path``; a quick run replaces the last quick one), and the README's tables
     (and a full run's plot) rendered from it."""
     from report import update_readme, write_plot
@@ -1188,6 +1188,7 @@ def write_results(results: dict[str, Any], stamp: str) -> None:
         for figure in draw(results):
             print(f"  drew {figure.relative_to(HERE)}")
     update_readme(results, HERE / "README.md", f"results/{path.name}")
+    return path
 
 
 def results_path(stamp: str, *, replace: bool = False) -> Path:

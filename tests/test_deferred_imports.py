@@ -1,4 +1,5 @@
-"""Gym's training-time dependencies are imported at first use, and nothing a server or Gym computes changes.
+"""Gym's training-time dependencies are imported at first use, and nothing a server or Gym computes changes; mcp only
+where an environment is hosted in the server's process.
 
 Each check runs in a fresh interpreter: what is imported is process-wide, and this process has nemo-gym already.
 """
@@ -9,8 +10,11 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+
+from .agentenv_helpers import GRIDSIM
 
 pytestmark = [pytest.mark.nemo_gym]
 
@@ -35,6 +39,26 @@ def test_serving_imports_none_of_gyms_reward_profiling_stack() -> None:
     unused = "{'pandas', 'scipy', 'ray', 'hydra', 'rich', 'pygments', 'markdown_it'}"
     imported = run(f"import sys; print(sorted({unused} & set(sys.modules)))")
     assert imported == "[]"
+
+
+@pytest.mark.parametrize(("mode", "imported"), [("process", "[]"), ("in_process", "['jsonschema', 'mcp']")])
+def test_a_server_imports_mcp_only_where_it_hosts_an_environment(mode: str, imported: str, tmp_path: Path) -> None:
+    """A written folder's server, started (its lifespan run, its pool's first instances up): in process mode its
+    instances are processes and it never imports mcp nor jsonschema; in-process, it does."""
+    from gymhost.environments import write_folder
+
+    folder = write_folder(str(GRIDSIM), tmp_path / "root", mode=mode).path
+    found = run(
+        f"""
+        import sys
+        from starlette.testclient import TestClient
+        from gymhost import create_app
+        with TestClient(create_app({str(folder)!r})) as client:
+            assert client.get("/agentenv/pool").json()["free"] > 0
+        print(sorted({{'mcp', 'jsonschema'}} & set(sys.modules)))
+        """
+    )
+    assert found == imported
 
 
 def test_what_is_deferred_still_works_when_used() -> None:

@@ -6,6 +6,10 @@
 - ``UrlLauncher``: instances someone else runs; gymhost only talks to them.
 
 ``load_environment_class`` imports a bundle's ``env.py``, for both kinds of bundle instances.
+
+mcp (and jsonschema with it) is imported only where an environment is hosted in this process (``construct``, a direct
+tool session): a server whose instances are processes, or elsewhere, never hosts one, and importing mcp took 7% of
+such a server's CPU to ready (benchmarks/README.md, "Start-up imports").
 """
 
 from __future__ import annotations
@@ -31,8 +35,6 @@ from .._errors import DataPlaneError, StartupError
 from .._settings import PoolSettings
 from . import _in_memory
 from ._client import EnvClient
-from ._direct import DirectToolSession
-from ._schema_cache import install as install_schema_cache
 
 __all__ = [
     "ENTRY",
@@ -138,6 +140,8 @@ class InProcessClient(EnvClient):
         return await _in_memory.request(self._app, self.base_url, method, path, **kwargs)
 
     def tool_session(self, catalog: Catalog, *, role: str | None, timeout: float) -> ToolSession:
+        from ._direct import DirectToolSession  # mcp's: imported where an environment is hosted (the docstring above)
+
         return DirectToolSession(self._mcp_app, role=role, timeout=timeout)
 
 
@@ -191,6 +195,8 @@ class Constructed:
 
 def construct(environment_class: type[Any]) -> Constructed:
     """The environment's constructor, then its MCP server's: most of an instance's start-up CPU."""
+    from ._schema_cache import install as install_schema_cache  # jsonschema: where an environment is hosted
+
     environment = environment_class()
     install_schema_cache()
     with fastmcp_leaves_logging_alone():
