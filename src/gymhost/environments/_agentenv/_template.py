@@ -301,6 +301,8 @@ def _preload() -> None:
     import mcp.server.fastmcp
     import mcp.server.streamable_http_manager  # noqa: F401
 
+    from . import _direct  # noqa: F401  (an instance's tool session; the server's launchers import it only in use)
+
     with contextlib.suppress(ImportError):
         import uvloop  # noqa: F401
 
