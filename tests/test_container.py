@@ -230,6 +230,15 @@ def gridsim_play(root: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return reach_corner(root / "resources_servers" / GRIDSIM_NAME)
 
 
+async def play_to_the_corner(url: str, row: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One episode of the written gridsim folder at ``url``, played by its reference solution: the verdict."""
+    async with EpisodeClient(url, token=TOKEN) as episode:
+        await episode.seed(row)
+        for step in steps:
+            assert (await episode.call_tool(step["name"], step["arguments"])).ok
+        return await episode.verify(row, "I am at (1, 1).")
+
+
 def test_the_image_the_manifest_names_serves_a_written_folder_and_gyms_behind_one_address_to_vf_eval(
     envs_image: str, root: Path, gym_root: Path, tmp_path: Path
 ) -> None:
@@ -315,17 +324,13 @@ async def test_every_module_a_server_imports_in_the_image_has_its_bytecode(tmp_p
     from gymhost.environments import awrite_folder
 
     root = tmp_path / "in-process"
-    folder = (await awrite_folder(str(GRIDSIM), root, mode="in_process")).path
+    await awrite_folder(str(GRIDSIM), root, mode="in_process")
     subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
     mounted = f"/srv/gym/resources_servers/{GRIDSIM_NAME}"
     extra = ("-v", f"{root}:/srv/gym:ro", "-e", "PYTHONPROFILEIMPORTTIME=1")
-    row, steps = reach_corner(folder)
+    row, steps = gridsim_play(root)
     with running(image(), tmp_path, extra=extra, arguments=(WEATHER, mounted)) as container:
-        async with EpisodeClient(f"{container.url}/{GRIDSIM_NAME}", token=TOKEN) as episode:
-            await episode.seed(row)
-            for step in steps:
-                assert (await episode.call_tool(step["name"], step["arguments"])).ok
-            answer = await episode.verify(row, "I am at (1, 1).")
+        answer = await play_to_the_corner(f"{container.url}/{GRIDSIM_NAME}", row, steps)
         assert answer["reward"] == 1.0, answer
         template = container.exec("python", "-X", "importtime", "-c", _TEMPLATE_IMPORTS, f"{mounted}/bundle")
         assert template.returncode == 0, template.stderr
@@ -353,11 +358,7 @@ async def test_the_image_confines_its_instances_as_the_confined_overlay_runs_it(
         pool = httpx.get(f"{container.url}/agentenv/pool", headers=AUTH, timeout=CALL_TIMEOUT_S)
         assert pool.json()["confinement"] == "namespaces", pool.text
         assert re.search(r"hosted code confinement: namespaces \(.* as uid 10001\)", container.logs()), container.logs()
-        async with EpisodeClient(container.url, token=TOKEN) as episode:
-            await episode.seed(row)
-            for step in steps:
-                assert (await episode.call_tool(step["name"], step["arguments"])).ok
-            answer = await episode.verify(row, "I am at (1, 1).")
+        answer = await play_to_the_corner(container.url, row, steps)
         assert (answer["reward"], answer["mask_sample"]) == (1.0, False), answer
 
 
