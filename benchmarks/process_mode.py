@@ -3,12 +3,15 @@ BASELINE=<revision>).
 
 gridsim written with default options in each mode, one `gymhost serve` each, all up at once (and, given a BASELINE,
 the same two on that revision: a git worktree imported ahead of this checkout through PYTHONPATH, which the template
-and its instances inherit). Each round plays 64 concurrent episodes of 40 tool calls on each server in turn
-(`run.sixty_four`: the pool grown to 64 first, so no start is timed), after a round on each that is not counted,
-the order rotated by one place a round (`run.in_turn`). Each server's point is its median round, with the CPU of
-the server's own process and of its instance processes a request, from `/proc`. The ratio process / in-process is
-taken round by round (the two ran in the same round, minutes apart at most) and its median reported. Writes
-results/<date>-process-mode.json and the README's block.
+and its instances inherit); and, on this checkout, process mode with its instances reused from one episode to the
+next (`source.fresh_instances=false`), which shows what the fresh fork each episode gets by default costs. Each
+round plays 64 concurrent episodes of 40 tool calls on each server in turn (`run.sixty_four`: the pool grown to 64
+first; each episode's fresh instance starts within the run, as it does in training), after a round on each that is
+not counted, the order rotated by one place a round (`run.in_turn`). Each server's point is its median round, with
+the CPU of the server's own process and of its instance processes a request, from `/proc` (the instances' as the
+rest of the machine's: `run.sixty_four`). The ratio process / in-process is taken round by round (the two ran in the
+same round, minutes apart at most) and its median reported. Writes results/<date>-process-mode.json and the README's
+block.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import run
 
 MODES = ("process", "in-process")
+REUSED = "process, instances reused"  # this checkout's only: a revision before issue 43 had no fresh instances
 
 
 def measure(rounds: int, baseline: str | None = None) -> dict[str, Any]:
@@ -34,15 +38,19 @@ def measure(rounds: int, baseline: str | None = None) -> dict[str, Any]:
     samples: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="gymhost-process-mode-") as scratch, contextlib.ExitStack() as stack:
         targets: dict[str, tuple[str, str, int]] = {}
-        for revision, env in revisions.items():
-            for mode in MODES:
-                folder = run.write_gridsim(Path(scratch) / f"{revision}-{mode}", instances=None, mode=mode)
-                port = run.free_port()
-                url = f"http://127.0.0.1:{port}"
-                process = stack.enter_context(run.server(run.gymhost_serve(folder, port), url, env=env))
-                name = f"{revision} {mode}"
-                targets[name] = (url, str(folder / "data" / "eval.jsonl"), process.pid)
-                samples[name] = []
+        ways: list[tuple[str, str, str, tuple[str, ...]]] = [
+            (revision, mode, mode, ()) for revision in revisions for mode in MODES
+        ]
+        ways.append(("checkout", REUSED, "process", ("source.fresh_instances=false",)))
+        for revision, label, mode, settings in ways:
+            folder = run.write_gridsim(Path(scratch) / f"{revision}-{len(targets)}", instances=None, mode=mode)
+            port = run.free_port()
+            url = f"http://127.0.0.1:{port}"
+            serve = run.gymhost_serve(folder, port, *settings)
+            process = stack.enter_context(run.server(serve, url, env=revisions[revision]))
+            name = f"{revision} {label}"
+            targets[name] = (url, str(folder / "data" / "eval.jsonl"), process.pid)
+            samples[name] = []
         for url, rows, pid in targets.values():  # a round not counted: the first after a start ran slow everywhere
             run.sixty_four(url, rows, pid, quick=True)
         for number in range(rounds):
@@ -56,6 +64,7 @@ def measure(rounds: int, baseline: str | None = None) -> dict[str, Any]:
         revision: _median_ratio(samples[f"{revision} process"], samples[f"{revision} in-process"])
         for revision in revisions
     }
+    out["reused_vs_in_process"] = _median_ratio(samples[f"checkout {REUSED}"], samples["checkout in-process"])
     if baseline is not None:
         out["checkout_vs_baseline"] = {
             mode: _median_ratio(samples[f"checkout {mode}"], samples[f"baseline {mode}"]) for mode in MODES

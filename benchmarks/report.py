@@ -283,7 +283,11 @@ def scale_tables(scale: dict[str, Any] | None) -> list[str]:
             f"| {label}, 64 concurrent episodes of 40 tool calls | {played['calls_per_s']} bridged calls/s,"
             f" tool call p50 / p99 {played['look'].get('p50_ms')} / {played['look'].get('p99_ms')} ms; gymhost's own"
             f" CPU {played['gymhost_cpu_ms_per_request']} ms a request"
-            + (f" (instance processes: {instances} ms)" if instances and key == "process_mode_64" else "")
+            + (
+                f" ({played.get('instances_cpu_of', 'instance processes')}: {instances} ms)"
+                if instances and key == "process_mode_64"
+                else ""
+            )
             + f"; {played['errors']} errors |"
         )
     inside = scale.get("in_process_mode_64")
@@ -430,23 +434,35 @@ def process_mode_tables(out: dict[str, Any], source: str) -> str:
         f" Process mode >= 0.7x in-process mode's calls/s: {'met' if ratio['median'] >= 0.7 else 'missed'}"
         f" ({ratio['median']:g}; rounds {', '.join(f'{r:g}' for r in ratio['rounds'])}).",
         "",
-        "| server | calls/s | the server's CPU a request | the instance processes' CPU a request |",
+        "| server | calls/s | the server's CPU a request | the rest of the machine's CPU a request (instance"
+        " processes, their starts and exits, the kernel's work; in-process mode's is the floor) |",
         "|---|---|---|---|",
     ]
-    for revision in revisions:
-        for mode in ("process", "in-process"):
-            row = out["servers"][f"{revision} {mode}"]
-            instances = f"{row['instances_cpu_ms_per_request']:g} ms" if mode == "process" else "(none)"
-            lines.append(
-                f"| {mode} mode, {labels[revision]} | {row['calls_per_s']:,.0f} |"
-                f" {row['gymhost_cpu_ms_per_request']:g} ms | {instances} |"
-            )
+    rows = [
+        (f"{revision} {mode}", f"{mode} mode, {labels[revision]}")
+        for revision in revisions
+        for mode in ("process", "in-process")
+    ]
+    if "checkout process, instances reused" in out["servers"]:
+        rows.append(("checkout process, instances reused", "process mode, instances reused, this checkout"))
+    for name, label in rows:
+        row = out["servers"][name]
+        lines.append(
+            f"| {label} | {row['calls_per_s']:,.0f} | {row['gymhost_cpu_ms_per_request']:g} ms |"
+            f" {row['instances_cpu_ms_per_request']:g} ms |"
+        )
     lines += ["", "| ratio (calls/s, median of the rounds' ratios) | median | rounds |", "|---|---|---|"]
     for revision in revisions:
         each = out["process_vs_in_process"][revision]
         lines.append(
             f"| process / in-process, {labels[revision]}{', target >= 0.7' if revision == 'checkout' else ''} |"
             f" {each['median']:g} | {', '.join(f'{r:g}' for r in each['rounds'])} |"
+        )
+    reused = out.get("reused_vs_in_process")
+    if reused:
+        lines.append(
+            f"| process, instances reused / in-process, this checkout | {reused['median']:g} |"
+            f" {', '.join(f'{r:g}' for r in reused['rounds'])} |"
         )
     for mode, each in (out.get("checkout_vs_baseline") or {}).items():
         lines.append(

@@ -361,21 +361,33 @@ def _descendants_cpu(pid: int) -> float:
 
 
 def sixty_four(url: str, rows: str, pid: int, quick: bool) -> dict[str, Any]:
-    """64 concurrent episodes of 40 tool calls, on a pool already grown to 64 (start-ups not timed); the CPU of the
-    server's own process and of its instance processes (its other descendants), per request, from /proc."""
+    """64 concurrent episodes of 40 tool calls, on a pool already grown to 64 (a process-mode folder's fresh
+    instance an episode starts within the run, as in training: ``source.fresh_instances``); the CPU a request of the
+    server's own process and of the rest of the machine (``_rest_cpu_s``: its instance processes, their starts and
+    exits, the kernel's work), from /proc."""
     loadgen("episodes", url, rows, "--concurrency", "64", "--episodes", "64", "--looks", "1", "--moves", "0")
     calls = 64 if quick else 128
-    before, before_instances = cpu_seconds(pid), _descendants_cpu(pid)
+    before, before_rest = cpu_seconds(pid), _rest_cpu_s()
     played = loadgen("episodes", url, rows, "--concurrency", "64", "--episodes", str(calls), "--looks", "40",
                      "--moves", "0")  # fmt: skip
     used = cpu_seconds(pid) - before
-    # Instances that started or ended during the run would skew this; the pool is at 64 throughout.
-    used_instances = _descendants_cpu(pid) - before_instances
+    rest = _rest_cpu_s() - before_rest - used
     count = played["look"]["count"] + 2 * played["episodes"]  # tool calls, seeds and verifies
     played["gymhost_cpu_ms_per_request"] = round(used * 1000 / max(1, count), 3)
-    played["instances_cpu_ms_per_request"] = round(used_instances * 1000 / max(1, count), 3)
+    played["instances_cpu_ms_per_request"] = round(max(0.0, rest) * 1000 / max(1, count), 3)
+    played["instances_cpu_of"] = "the rest of the machine"  # earlier runs: the processes alive at its ends
     played["calls_per_s"] = round(played["episodes_per_s"] * 40, 1)  # 40 tool calls an episode
     return played
+
+
+def _rest_cpu_s() -> float:
+    """The machine's CPU seconds less those of the processes this one has waited for (the load generators): what a
+    server and everything under it ran, with the kernel's work and whatever else the machine did. A server's instance
+    processes are counted this way because /proc cannot count them: a fresh instance an episode ends with its episode,
+    reaped by the kernel (its template ignores SIGCHLD), so its CPU is in no process's figures afterwards, and the
+    processes alive at either end of a run are other instances than those that played it."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return machine_cpu_s() - children.ru_utime - children.ru_stime
 
 
 def instance_starts(folder: Path, count: int, *, construct_once: bool = True, sandbox: str = "auto") -> dict[str, Any]:
@@ -493,7 +505,7 @@ def scale(root: Path, quick: bool) -> dict[str, Any]:
         print(
             f"  {mode}: {played['calls_per_s']} calls/s, tool call p50 {played['look'].get('p50_ms')} ms,"
             f" gymhost CPU {played['gymhost_cpu_ms_per_request']} ms/request"
-            f" ({played['instances_cpu_ms_per_request']} ms in instance processes)"
+            f" ({played['instances_cpu_ms_per_request']} ms in the rest of the machine, its instances included)"
         )
     out["instance_starts"] = starts = instance_starts(write_gridsim(root / "starts", None, "process"), 40)
     print(f"  an instance start: {starts['wall_ms']} ms, CPU {starts['instance_cpu_ms']} ms in the instance,"
