@@ -6,9 +6,12 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import signal
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,7 @@ from .processes import (
     STATE_TIMEOUT_S,
     alive,
     assert_stopped_cleanly,
+    descendants,
     gymhost_command,
     run_to_completion,
     serving,
@@ -470,6 +474,53 @@ def test_no_instance_outlives_the_server(process_folder: Path) -> None:
         while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not any(alive(pid) for pid in pids), f"instances {pids} outlived the server ({stop.name})"
+
+
+EARLY = re.compile(r"instance template started before the server is built \(pid (\d+)\)")
+
+
+async def test_gymhost_serve_starts_a_process_folders_template_before_building_its_app(process_folder: Path) -> None:
+    """The template imports the bundle while the server imports nemo-gym (``_early``); the pool adopts it: every
+    instance is forked under that very process, and episodes play on them."""
+    with serving(gymhost_command("serve", str(process_folder), "--port", "0", "--log-level", "debug")) as server:
+        started = EARLY.search(server.output)
+        assert started is not None, server.output
+        early = int(started.group(1))
+        assert f"the instance template started early adopted (pid {early})" in server.output
+        answer = await play(server.url, row_for(process_folder, "around-the-wall"))
+        assert (answer["reward"], answer["mask_sample"]) == (1.0, False)
+        instances = (await settled_pool(server.url))["instances"]
+        assert {instance["pid"] for instance in instances} <= set(descendants(early))
+        assert "not this pool's" not in server.output
+    assert_stopped_cleanly(server)
+
+
+def test_a_template_started_early_goes_with_a_server_whose_build_fails(process_folder: Path, tmp_path: Path) -> None:
+    """A folder whose tasks do not load fails the build after its template started: the template is stopped and its
+    folder removed as the server exits, with the build's own error."""
+    broken = tmp_path / "resources_servers" / "gridsim_v1"
+    shutil.copytree(process_folder, broken)
+    (broken / "bundle" / "tasks" / "eval.jsonl").write_text("{not json\n")
+    command = gymhost_command("serve", str(broken), "--port", "0", "--log-level", "debug")
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output, _ = server.communicate(timeout=CALL_TIMEOUT_S)
+    started = EARLY.search(output)
+    assert server.returncode != 0, output
+    assert started is not None, output
+    assert "eval.jsonl" in output
+    early = int(started.group(1))
+    assert not alive(early), f"the template started early ({early}) outlived its server:\n{output}"
+    bundle = str(broken / "bundle")
+    hosting = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if bundle in _cmdline(pid)]
+    assert hosting == [], f"processes of the bundle outlived their server: {hosting}"
+    assert list(Path(tempfile.gettempdir()).glob(f"gymhost-instances-{server.pid}-*")) == []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def test_gymhost_check_passes_on_gridsim(folder: Path) -> None:

@@ -245,15 +245,26 @@ class Server:
         config = self.config
         # What building the app logs (the env.yaml it read, say) is said as serving will say it.
         logging.config.dictConfig(logging_config(config.log_format, config.log_level))
-        with held_collection():  # what the build makes frozen as it ends, before any worker is forked
-            app = self._build(target, sock.getsockname()[:2] if config.uds is None else None)
-        self.say(f"serving {target.name} at {url_of(sock)}{self._mounts(target, app)}")
-        self.say(self._secret)
-        if workers_folder is not None:
-            self.say(f"{config.workers} workers")
-            serve_workers(app, sock, config, config.workers, workers_folder, run_app)
-        else:
-            run_app(app, sock, config)
+        early = False
+        try:
+            if target.folder is not None and workers_folder is None:  # each worker starts its own, after its fork
+                from ..environments._early import start_early
+
+                early = start_early(target.folder, config_key=config.config_key, overrides=self._overrides())
+            with held_collection():  # what the build makes frozen as it ends, before any worker is forked
+                app = self._build(target, sock.getsockname()[:2] if config.uds is None else None)
+            self.say(f"serving {target.name} at {url_of(sock)}{self._mounts(target, app)}")
+            self.say(self._secret)
+            if workers_folder is not None:
+                self.say(f"{config.workers} workers")
+                serve_workers(app, sock, config, config.workers, workers_folder, run_app)
+            else:
+                run_app(app, sock, config)
+        finally:
+            if early:
+                from ..environments._early import stop_early
+
+                stop_early()
 
     def _build(self, target: Target, address: tuple[str, int] | None) -> Any:
         """The app, built in the folder it serves, with this process's identity set: ``run``'s and ``load``'s."""
@@ -267,9 +278,6 @@ class Server:
         process_state.configure(
             replica=config.replica_id, port=address[1] if address else None, advertise_url=config.advertise_url
         )
-        overrides: dict[str, Any] = dict(config.overrides)
-        if config.name is not None:
-            overrides["name"] = config.name
         apart = serving_apart(config, config.server_urls, config.app.masked_verdicts, workers=config.workers)
         app = load_app(
             target.served,
@@ -278,7 +286,7 @@ class Server:
             config_key=config.config_key,
             address=address,
             apart=apart,
-            **overrides,
+            **self._overrides(),
         )
         if target.folder is not None:
             # As Gym's launcher runs a server: in its folder. Only now: env.yaml was looked for where the command ran.
@@ -286,6 +294,13 @@ class Server:
         if config.root_path:
             MOUNT.set(app, config.root_path)  # its metrics carry the prefix it is served under
         return app
+
+    def _overrides(self) -> dict[str, Any]:
+        """What the command line sets in the served block (``--set``, ``--name``)."""
+        overrides: dict[str, Any] = dict(self.config.overrides)
+        if self.config.name is not None:
+            overrides["name"] = self.config.name
+        return overrides
 
     @staticmethod
     def _mounts(target: Target, app: Any) -> str:

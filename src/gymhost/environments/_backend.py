@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Final, Protocol
 
 from agentenv_protocol import ToolResult
 
+from .._exceptions import FolderError
 from ._grading import Outcome
 from ._outcomes import Failure
 from ._settings import PoolSettings, SourceConfig
@@ -47,6 +48,7 @@ __all__ = [
     "Source",
     "ToolSession",
     "WriteOptions",
+    "resolve_in",
 ]
 
 Tool = dict[str, Any]  # a tool as MCP lists it: name, description, inputSchema (and _meta)
@@ -262,6 +264,14 @@ class ServerFolder:
     owner: str
 
 
+def resolve_in(base: Path, value: str, what: str, owner: str) -> Path:
+    """``value``, a path a server's config gives relative to its folder ``base``, as an existing absolute path."""
+    path = (base / value).resolve()
+    if not path.exists():
+        raise FolderError(f"{path}: no such {what} folder (config field of {owner}: {value!r})")
+    return path
+
+
 class Backend[SourceFields: SourceConfig]:
     """One ``source.kind``. A subclass sets ``kind``, ``protocol`` and ``source_config`` (its kind's ``source`` block,
     a ``SourceConfig`` with the fields it reads) and gives ``launcher`` and ``inspect``; the rest has defaults that fit
@@ -277,6 +287,10 @@ class Backend[SourceFields: SourceConfig]:
 
     def launcher(self, source: SourceFields, folder: ServerFolder) -> Launcher:
         raise NotImplementedError
+
+    def start_early(self, source: SourceFields, folder: ServerFolder, cwd: Path) -> None:
+        """Start what the server's launcher will start first, before the server is built (``_early``), where that
+        is worth it; by default nothing."""
 
     def bounds(self, source: SourceFields) -> tuple[int, int]:
         """(minimum, maximum) instances of a server with this source."""

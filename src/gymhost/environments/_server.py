@@ -25,12 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SerializeAsAny, 
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route, request_response
 
-from .._exceptions import FolderError
 from .._hosting._lifespan import wrap_lifespan
 from .._hosting._routes import hot_routes_first
 from .._metrics import EpisodeMetrics
 from ..middleware.masked_verdicts import VERDICT_FIELDS, MaskedVerdictsMiddleware, launcher_mode
-from ._backend import ServerFolder
+from ._backend import ServerFolder, resolve_in
 from ._episodes import Episodes
 from ._errors import CatalogError, EpisodeStateError, SessionConflictError, UnknownTaskError
 from ._outcomes import Verdict
@@ -333,11 +332,7 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         return call_tool
 
     def _path(self, value: str, what: str) -> Path:
-        base = self.folder if self.folder is not None else Path.cwd()
-        path = (base / value).resolve()
-        if not path.exists():
-            raise FolderError(f"{path}: no such {what} folder (config field of {type(self).__name__}: {value!r})")
-        return path
+        return resolve_in(self.folder if self.folder is not None else Path.cwd(), value, what, type(self).__name__)
 
 
 class _ToolRoute(APIRoute):

@@ -174,6 +174,12 @@ class BundleBackend(_AgentenvBackend[BundleSource]):
             fresh=source.fresh_instances,
         )
 
+    def start_early(self, source: BundleSource, folder: ServerFolder, cwd: Path) -> None:
+        """Process mode: the instance template, which imports the bundle (``BundleLauncher.start_early``)."""
+        launcher = self.launcher(source, folder)
+        if isinstance(launcher, BundleLauncher):
+            launcher.start_early(cwd)
+
     async def inspect(self, given: str, options: WriteOptions) -> Source | None:
         if is_url(given):
             return None

@@ -10,18 +10,26 @@ started threads), each instance is started as a process of its own (``--serve``)
 
 Both are processes of hosted code, started through the server's confinement (``gymhost._confinement``): its
 command, its rules (``--confine``: what the process does to itself, the template before it imports the bundle and
-each instance where it begins), and the one folder they write to, the instances' sockets."""
+each instance where it begins), and the one folder they write to, the instances' sockets.
+
+``gymhost serve`` may start a written folder's template before it builds its app (``start_early``), so that the
+template imports the bundle on one core while the server imports nemo-gym on the other; the pool's launcher adopts
+it on first use if it was started as the launcher would start it, and stops it otherwise (``_Early``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import select
 import signal
 import socket
+import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from ..._config import DEFAULT_SANDBOX, configured_sandbox
 from ..._confinement import Confinement, Limits, Rules, confinement, hosted_environment, scratch_of
@@ -32,7 +40,19 @@ from .._outcomes import Failure
 from .._settings import DEFAULT_CONSTRUCT_ONCE, PoolSettings
 from ._channel import ChannelClient, Copies
 
-__all__ = ["CONFINE", "CONSTRUCT_EACH", "PIDFDS", "SERVE", "SERVER_PID", "SPAWNED", "TEMPLATE_READY", "BundleLauncher"]
+__all__ = [
+    "CONFINE",
+    "CONSTRUCT_EACH",
+    "PIDFDS",
+    "SERVE",
+    "SERVER_PID",
+    "SPAWNED",
+    "TEMPLATE_READY",
+    "BundleLauncher",
+    "stop_early",
+]
+
+logger = logging.getLogger("gymhost.environments")
 
 # The template's protocol (``_template``): it says TEMPLATE_READY fork|nofork, then answers each spawn with SPAWNED PID.
 TEMPLATE_READY = "gymhost-template"
@@ -145,10 +165,79 @@ class SpawnedProcess:
         await _terminate(self.process)
 
 
+class _Process(Protocol):
+    """What the launcher uses of a template's process: asyncio's, or one started before its loop (``_Adopted``)."""
+
+    pid: int
+    stdin: asyncio.StreamWriter | None
+    stdout: asyncio.StreamReader | None
+
+    @property
+    def returncode(self) -> int | None: ...
+    async def wait(self) -> int: ...
+    def send_signal(self, signum: int) -> None: ...
+    def kill(self) -> None: ...
+
+
+class _Adopted:
+    """A process ``subprocess.Popen`` started before this event loop existed (``_Early``), with the surface of
+    asyncio's: its pipes as streams of this loop, its exit heard through a pidfd (and reaped here)."""
+
+    def __init__(
+        self, popen: subprocess.Popen[bytes], stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader
+    ) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self.stdin: asyncio.StreamWriter | None = stdin
+        self.stdout: asyncio.StreamReader | None = stdout
+
+    @classmethod
+    async def of(cls, popen: subprocess.Popen[bytes]) -> _Adopted:
+        assert popen.stdin is not None
+        assert popen.stdout is not None
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), popen.stdout)
+        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, popen.stdin)
+        return cls(popen, asyncio.StreamWriter(transport, protocol, None, loop), reader)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        if self._popen.poll() is None:
+            try:
+                pidfd = os.pidfd_open(self.pid)
+            except ProcessLookupError:  # exited and reaped meanwhile
+                pidfd = None
+            if pidfd is not None:
+                loop = asyncio.get_running_loop()
+                exited: asyncio.Future[None] = loop.create_future()
+
+                def on_exit() -> None:
+                    if not exited.done():
+                        exited.set_result(None)
+
+                loop.add_reader(pidfd, on_exit)
+                try:
+                    await exited
+                finally:
+                    loop.remove_reader(pidfd)
+                    os.close(pidfd)
+        return self._popen.wait()
+
+    def send_signal(self, signum: int) -> None:
+        self._popen.send_signal(signum)
+
+    def kill(self) -> None:
+        self._popen.kill()
+
+
 class _Template:
     """The template process and the protocol on its pipes; one spawn at a time (a fork takes milliseconds)."""
 
-    def __init__(self, process: asyncio.subprocess.Process, forks: bool, pidfds: socket.socket) -> None:
+    def __init__(self, process: _Process, forks: bool, pidfds: socket.socket) -> None:
         self.process = process
         self.forks = forks
         self.copies = Copies()  # what its forks share, when they are copies of one constructed environment
@@ -156,16 +245,24 @@ class _Template:
         self._lock = asyncio.Lock()
 
     @classmethod
-    async def start(cls, start: _Start, timeout: float, *, construct_once: bool) -> _Template:
-        pidfds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            arguments = [*([] if construct_once else [CONSTRUCT_EACH]), PIDFDS, str(theirs.fileno())]
-            process = await start.process(arguments, stdout=asyncio.subprocess.PIPE, pass_fds=(theirs.fileno(),))
-        except BaseException:
-            pidfds.close()
-            raise
-        finally:
-            theirs.close()
+    async def start(
+        cls, start: _Start, timeout: float, *, construct_once: bool, early: _Early | None = None
+    ) -> _Template:
+        """Started now, or ``early`` adopted (started as this would start it); ready once it says so."""
+        if early is not None:
+            pidfds = early.pidfds
+            process: _Process = await _Adopted.of(early.popen)
+        else:
+            pidfds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                arguments = _template_arguments(construct_once, theirs)
+                pipe = asyncio.subprocess.PIPE
+                process = await start.process(arguments, stdout=pipe, pass_fds=(theirs.fileno(),))
+            except BaseException:
+                pidfds.close()
+                raise
+            finally:
+                theirs.close()
         pidfds.setblocking(False)
         bundle = start.bundle
         try:
@@ -225,6 +322,20 @@ class _Start:
         )
 
     async def process(self, arguments: list[str], **options: object) -> asyncio.subprocess.Process:
+        command, env = self._command(arguments)
+        return await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.PIPE,  # closed (or the server dies): the process goes, and the instances too
+            env=env,
+            **options,  # type: ignore[arg-type]
+        )
+
+    def popen(self, arguments: list[str], **options: object) -> subprocess.Popen[bytes]:
+        """``process``, before there is an event loop (``_Early``)."""
+        command, env = self._command(arguments)
+        return subprocess.Popen(command, stdin=subprocess.PIPE, env=env, **options)  # type: ignore[call-overload,no-any-return]
+
+    def _command(self, arguments: list[str]) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, *_TEMPLATE, str(self.bundle), *arguments]
         if self.rules is not None:
             argv += [CONFINE, self.rules.to_argument()]
@@ -232,12 +343,59 @@ class _Start:
         # which process to die with (``_template._die_with_server``): the pid means nothing in a namespace.
         sandboxed = self.rules is not None and self.rules.namespaces
         told = {} if sandboxed else {SERVER_PID: str(os.getpid())}
-        return await asyncio.create_subprocess_exec(
-            *self.confinement.command(argv, readable=[self.bundle], writable=[self.sockets], network=self.network),
-            stdin=asyncio.subprocess.PIPE,  # closed (or the server dies): the process goes, and the instances too
-            env=hosted_environment(**self.confinement.environment(), **told),  # never the server's own
-            **options,  # type: ignore[arg-type]
-        )
+        command = self.confinement.command(argv, readable=[self.bundle], writable=[self.sockets], network=self.network)
+        return command, hosted_environment(**self.confinement.environment(), **told)  # never the server's own
+
+
+@dataclass(frozen=True)
+class _Key:
+    """What a template's start depends on: a template started early is adopted only by a launcher with the same."""
+
+    bundle: Path
+    construct_once: bool
+    confinement: Confinement
+    limits: Limits
+    network: bool
+    cwd: str
+
+
+@dataclass
+class _Early:
+    """A template started before the server's event loop (``BundleLauncher.start_early``), until a launcher adopts it
+    or the server stops it (``stop_early``)."""
+
+    key: _Key
+    start: _Start
+    popen: subprocess.Popen[bytes]
+    pidfds: socket.socket
+
+    def stop(self) -> None:
+        """The end of its input, as ``_terminate``; killed if it has not gone within the grace period (it may still
+        be importing, and reads its input only after: its sandbox's, or its own death signal, takes the processes
+        under it along); its folder removed."""
+        self.pidfds.close()
+        assert self.popen.stdin is not None
+        with contextlib.suppress(OSError):
+            self.popen.stdin.close()
+        try:
+            self.popen.wait(_END_OF_INPUT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+        if self.popen.stdout is not None:
+            self.popen.stdout.close()
+        remove(self.start.folder)
+
+
+_early: _Early | None = None  # at most one: only a server of one written folder starts its template early
+
+
+def stop_early() -> None:
+    """Stop the template started early that no launcher adopted (the app failed to build, or was built otherwise)."""
+    global _early
+    early, _early = _early, None
+    if early is not None:
+        early.stop()
 
 
 class BundleLauncher:
@@ -270,6 +428,29 @@ class BundleLauncher:
         self._template: _Template | None = None
         self._starting = asyncio.Lock()
         self._start: _Start | None = None
+
+    def start_early(self, cwd: Path) -> None:
+        """Start the template now, before the server's event loop, for the launcher the app will make to adopt
+        (``_Early``); ``cwd``: the folder the server will be in by then, which the template starts in."""
+        global _early
+        stop_early()
+        start = _Start(self.bundle, self.confinement, self.limits, self.network)
+        pidfds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            arguments = _template_arguments(self.construct_once, theirs)
+            popen = start.popen(arguments, stdout=subprocess.PIPE, pass_fds=(theirs.fileno(),), cwd=cwd)
+        except BaseException:
+            pidfds.close()
+            remove(start.folder)
+            raise
+        finally:
+            theirs.close()
+        _early = _Early(self._key(cwd.resolve()), start, popen, pidfds)
+        logger.debug("%s: instance template started before the server is built (pid %d)", self.bundle, popen.pid)
+
+    def _key(self, cwd: Path | None = None) -> _Key:
+        where = str(cwd if cwd is not None else Path.cwd())
+        return _Key(self.bundle, self.construct_once, self.confinement, self.limits, self.network, where)
 
     async def launch(self, index: int, settings: PoolSettings) -> Instance:
         template = await self._template_up(settings.startup_timeout_s)
@@ -318,10 +499,31 @@ class BundleLauncher:
             if self._template is None or (self._template.forks and not self._template.alive()):
                 if self._template is not None:  # one that died: its pipes and socket closed, its process reaped
                     await self._template.stop()
+                early = await self._adopt_early() if self._start is None else None
                 if self._start is None:
-                    self._start = _Start(self.bundle, self.confinement, self.limits, self.network)
-                self._template = await _Template.start(self._start, timeout, construct_once=self.construct_once)
+                    self._start = (
+                        early.start
+                        if early is not None
+                        else _Start(self.bundle, self.confinement, self.limits, self.network)
+                    )
+                self._template = await _Template.start(
+                    self._start, timeout, construct_once=self.construct_once, early=early
+                )
             return self._template
+
+    async def _adopt_early(self) -> _Early | None:
+        """The template started early, if it was started as this launcher would start its own; else None, and one
+        started otherwise is stopped (in a thread: it may take the grace period to go)."""
+        global _early
+        early, _early = _early, None
+        if early is None:
+            return None
+        if early.key == self._key():
+            logger.debug("%s: the instance template started early adopted (pid %d)", self.bundle, early.popen.pid)
+            return early
+        logger.info("the instance template started early is not this pool's (%s); starting another", self.bundle)
+        await asyncio.to_thread(early.stop)
+        return None
 
 
 def default_confinement() -> Confinement:
@@ -344,7 +546,11 @@ def _pid_of(pidfd: int | None) -> int | None:
     return None
 
 
-async def _line(process: asyncio.subprocess.Process, timeout: float) -> list[str]:
+def _template_arguments(construct_once: bool, pidfds: socket.socket) -> list[str]:
+    return [*([] if construct_once else [CONSTRUCT_EACH]), PIDFDS, str(pidfds.fileno())]
+
+
+async def _line(process: _Process, timeout: float) -> list[str]:
     assert process.stdout is not None
     try:
         line = await asyncio.wait_for(process.stdout.readline(), timeout)
@@ -353,7 +559,7 @@ async def _line(process: asyncio.subprocess.Process, timeout: float) -> list[str
     return line.decode(errors="replace").split()
 
 
-async def _terminate(process: asyncio.subprocess.Process) -> None:
+async def _terminate(process: _Process | asyncio.subprocess.Process) -> None:
     """The end of its input first: a template exits there, and its instances with it, each process reaped by its
     parent on the way out (the sandbox's among them, which SIGTERM would kill before the processes under it);
     SIGTERM if it has not gone meanwhile, SIGKILL past the grace period."""
