@@ -166,6 +166,27 @@ def uvicorn_in_a_thread(app: object) -> Iterator[str]:
         thread.join(10)
 
 
+def naming(text: str) -> list[int]:
+    """The processes whose command line holds ``text`` (a folder only they were given, say)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                if text.encode() in cmdline.read():
+                    found.append(int(entry))
+        except OSError:  # gone meanwhile
+            pass
+    return found
+
+
+def assert_none_naming(text: str, what: str) -> None:
+    """Until no process names ``text``: each goes when its parent does, so the last may take a moment."""
+    deadline = time.monotonic() + STATE_TIMEOUT_S
+    while naming(text) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert naming(text) == [], f"{what} outlived what started them: {naming(text)}"
+
+
 def alive(pid: int) -> bool:
     """Running: not gone, and not a zombie waiting for its parent to reap it."""
     try:

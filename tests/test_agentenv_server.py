@@ -35,6 +35,7 @@ from .processes import (
     CALL_TIMEOUT_S,
     STATE_TIMEOUT_S,
     alive,
+    assert_none_naming,
     assert_stopped_cleanly,
     descendants,
     gymhost_command,
@@ -504,23 +505,33 @@ def test_a_template_started_early_goes_with_a_server_whose_build_fails(process_f
     command = gymhost_command("serve", str(broken), "--port", "0", "--log-level", "debug")
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output, _ = server.communicate(timeout=CALL_TIMEOUT_S)
-    started = EARLY.search(output)
     assert server.returncode != 0, output
-    assert started is not None, output
+    assert EARLY.search(output) is not None, output
     assert "eval.jsonl" in output
-    early = int(started.group(1))
-    assert not alive(early), f"the template started early ({early}) outlived its server:\n{output}"
-    bundle = str(broken / "bundle")
-    hosting = [pid for pid in map(int, filter(str.isdigit, os.listdir("/proc"))) if bundle in _cmdline(pid)]
-    assert hosting == [], f"processes of the bundle outlived their server: {hosting}"
-    assert list(Path(tempfile.gettempdir()).glob(f"gymhost-instances-{server.pid}-*")) == []
+    nothing_of_it_left(broken, server.pid)
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+def test_a_template_started_early_goes_with_a_server_stopped_as_it_starts(process_folder: Path) -> None:
+    """SIGTERM once the template started, while the server builds its app or soon after: nothing of it is left."""
+    command = gymhost_command("serve", str(process_folder), "--port", "0", "--log-level", "debug")
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert server.stdout is not None
+    seen = []
+    for line in server.stdout:
+        seen.append(line)
+        if EARLY.search(line):
+            server.send_signal(signal.SIGTERM)
+            break
+    rest, _ = server.communicate(timeout=CALL_TIMEOUT_S)
+    assert EARLY.search("".join(seen)) is not None, "".join(seen) + rest
+    nothing_of_it_left(process_folder, server.pid)
+
+
+def nothing_of_it_left(folder: Path, server: int) -> None:
+    """No process of the folder's bundle (a template, its sandbox, an instance) and no instances' folder of the
+    server."""
+    assert_none_naming(str(folder / "bundle"), "processes of the bundle")
+    assert list(Path(tempfile.gettempdir()).glob(f"gymhost-instances-{server}-*")) == []
 
 
 def test_gymhost_check_passes_on_gridsim(folder: Path) -> None:

@@ -17,7 +17,7 @@ from gymhost.environments._agentenv._forking import BundleLauncher, stop_early
 from gymhost.environments._settings import PoolSettings
 
 from .agentenv_helpers import GRIDSIM, until_described
-from .processes import STATE_TIMEOUT_S, alive, descendants
+from .processes import STATE_TIMEOUT_S, alive, assert_none_naming, descendants
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -59,6 +59,7 @@ async def test_a_launcher_that_would_start_another_template_stops_the_early_one_
         instance = await launcher.launch(0, PoolSettings())
         await until_described(instance)
         assert not alive(early)
+        assert_none_naming(str(folder), "the early template's processes")
         assert not folder.exists()
         assert instance.process is not None
         assert instance.process.pid not in descendants(early)
@@ -67,6 +68,7 @@ async def test_a_launcher_that_would_start_another_template_stops_the_early_one_
         await launcher.close()
 
 
+@pytest.mark.usefixtures("no_early_template_left")
 def test_a_template_no_launcher_adopted_is_stopped_with_its_folder() -> None:
     BundleLauncher(GRIDSIM).start_early(Path.cwd())
     assert _forking._early is not None
@@ -75,5 +77,6 @@ def test_a_template_no_launcher_adopted_is_stopped_with_its_folder() -> None:
     assert folder.is_dir()
     stop_early()
     assert not alive(early)
+    assert_none_naming(str(folder), "the early template's processes")
     assert not folder.exists()
     assert _forking._early is None

@@ -245,12 +245,13 @@ class Server:
         config = self.config
         # What building the app logs (the env.yaml it read, say) is said as serving will say it.
         logging.config.dictConfig(logging_config(config.log_format, config.log_level))
-        early = False
+        # A written folder's hosted code starts as the app is built (``_early``); each worker's after its fork.
+        early = target.folder if workers_folder is None else None
         try:
-            if target.folder is not None and workers_folder is None:  # each worker starts its own, after its fork
+            if early is not None:
                 from ..environments._early import start_early
 
-                early = start_early(target.folder, config_key=config.config_key, overrides=self._overrides())
+                start_early(early, config_key=config.config_key, overrides=self._overrides())
             with held_collection():  # what the build makes frozen as it ends, before any worker is forked
                 app = self._build(target, sock.getsockname()[:2] if config.uds is None else None)
             self.say(f"serving {target.name} at {url_of(sock)}{self._mounts(target, app)}")
@@ -261,7 +262,7 @@ class Server:
             else:
                 run_app(app, sock, config)
         finally:
-            if early:
+            if early is not None:
                 from ..environments._early import stop_early
 
                 stop_early()

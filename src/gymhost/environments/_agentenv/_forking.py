@@ -181,25 +181,22 @@ class _Process(Protocol):
 
 class _Adopted:
     """A process ``subprocess.Popen`` started before this event loop existed (``_Early``), with the surface of
-    asyncio's: its pipes as streams of this loop, its exit heard through a pidfd (and reaped here)."""
+    asyncio's: its standard input and output (one socket, ``channel``) as streams of this loop, its exit heard
+    through a pidfd (and reaped here). A socket rather than pipes: a loop owns a socket it is handed outright
+    (uvloop detaches it), where a pipe's file object would be closed once by the loop and once more by itself."""
 
     def __init__(
-        self, popen: subprocess.Popen[bytes], stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader
+        self, popen: subprocess.Popen[bytes], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         self._popen = popen
         self.pid = popen.pid
-        self.stdin: asyncio.StreamWriter | None = stdin
-        self.stdout: asyncio.StreamReader | None = stdout
+        self.stdin: asyncio.StreamWriter | None = writer
+        self.stdout: asyncio.StreamReader | None = reader
 
     @classmethod
-    async def of(cls, popen: subprocess.Popen[bytes]) -> _Adopted:
-        assert popen.stdin is not None
-        assert popen.stdout is not None
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), popen.stdout)
-        transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, popen.stdin)
-        return cls(popen, asyncio.StreamWriter(transport, protocol, None, loop), reader)
+    async def of(cls, popen: subprocess.Popen[bytes], channel: socket.socket) -> _Adopted:
+        reader, writer = await asyncio.open_unix_connection(sock=channel)
+        return cls(popen, reader, writer)
 
     @property
     def returncode(self) -> int | None:
@@ -225,7 +222,10 @@ class _Adopted:
                 finally:
                     loop.remove_reader(pidfd)
                     os.close(pidfd)
-        return self._popen.wait()
+        status = self._popen.wait()
+        if self.stdin is not None:
+            self.stdin.close()  # its channel: nobody speaks on it any more
+        return status
 
     def send_signal(self, signum: int) -> None:
         self._popen.send_signal(signum)
@@ -251,7 +251,11 @@ class _Template:
         """Started now, or ``early`` adopted (started as this would start it); ready once it says so."""
         if early is not None:
             pidfds = early.pidfds
-            process: _Process = await _Adopted.of(early.popen)
+            try:
+                process: _Process = await _Adopted.of(early.popen, early.channel)
+            except BaseException:  # cancelled as the server stops, say: nothing of it may be left
+                early.stop()
+                raise
         else:
             pidfds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -279,7 +283,10 @@ class _Template:
                 f"{bundle}/env.py: the instance template exited with status {process.returncode} before serving "
                 "(its error output is above)"
             )
-        return cls(process, forks=words[1] == "fork", pidfds=pidfds)
+        forks = words[1] == "fork"
+        if not forks:  # it exits as it says so: reaped now, not left a zombie for the server's life
+            await _terminate(process)
+        return cls(process, forks=forks, pidfds=pidfds)
 
     def alive(self) -> bool:
         return self.process.returncode is None
@@ -330,10 +337,10 @@ class _Start:
             **options,  # type: ignore[arg-type]
         )
 
-    def popen(self, arguments: list[str], **options: object) -> subprocess.Popen[bytes]:
-        """``process``, before there is an event loop (``_Early``)."""
+    def popen(self, arguments: list[str], channel: socket.socket, **options: object) -> subprocess.Popen[bytes]:
+        """``process``, before there is an event loop (``_Early``), its standard input and output ``channel``."""
         command, env = self._command(arguments)
-        return subprocess.Popen(command, stdin=subprocess.PIPE, env=env, **options)  # type: ignore[call-overload,no-any-return]
+        return subprocess.Popen(command, stdin=channel, stdout=channel, env=env, **options)  # type: ignore[call-overload,no-any-return]
 
     def _command(self, arguments: list[str]) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, *_TEMPLATE, str(self.bundle), *arguments]
@@ -362,29 +369,33 @@ class _Key:
 @dataclass
 class _Early:
     """A template started before the server's event loop (``BundleLauncher.start_early``), until a launcher adopts it
-    or the server stops it (``stop_early``)."""
+    or the server stops it (``stop_early``): its process, the socket that is its standard input and output, and the
+    one it hands instances' pidfds over."""
 
     key: _Key
     start: _Start
     popen: subprocess.Popen[bytes]
+    channel: socket.socket
     pidfds: socket.socket
 
     def stop(self) -> None:
-        """The end of its input, as ``_terminate``; killed if it has not gone within the grace period (it may still
-        be importing, and reads its input only after: its sandbox's, or its own death signal, takes the processes
-        under it along); its folder removed."""
-        self.pidfds.close()
-        assert self.popen.stdin is not None
-        with contextlib.suppress(OSError):
-            self.popen.stdin.close()
+        """As ``_terminate``: the end of its input (it exits when it reads it, once it has imported the bundle), then
+        SIGTERM, then SIGKILL. Never a signal first: bubblewrap killed while it sets the sandbox up leaves the
+        sandbox's first process behind, orphaned, for good. Its folder removed whatever happens."""
         try:
-            self.popen.wait(_END_OF_INPUT_GRACE_S)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-        if self.popen.stdout is not None:
-            self.popen.stdout.close()
-        remove(self.start.folder)
+            self.channel.close()
+            self.pidfds.close()
+            try:
+                self.popen.wait(_END_OF_INPUT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.popen.terminate()
+                try:
+                    self.popen.wait(_STOP_GRACE_S)
+                except subprocess.TimeoutExpired:
+                    self.popen.kill()
+                    self.popen.wait()
+        finally:
+            remove(self.start.folder)
 
 
 _early: _Early | None = None  # at most one: only a server of one written folder starts its template early
@@ -436,16 +447,19 @@ class BundleLauncher:
         stop_early()
         start = _Start(self.bundle, self.confinement, self.limits, self.network)
         pidfds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        channel, its_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             arguments = _template_arguments(self.construct_once, theirs)
-            popen = start.popen(arguments, stdout=subprocess.PIPE, pass_fds=(theirs.fileno(),), cwd=cwd)
+            popen = start.popen(arguments, its_channel, pass_fds=(theirs.fileno(),), cwd=cwd)
         except BaseException:
             pidfds.close()
+            channel.close()
             remove(start.folder)
             raise
         finally:
             theirs.close()
-        _early = _Early(self._key(cwd.resolve()), start, popen, pidfds)
+            its_channel.close()
+        _early = _Early(self._key(cwd.resolve()), start, popen, channel, pidfds)
         logger.debug("%s: instance template started before the server is built (pid %d)", self.bundle, popen.pid)
 
     def _key(self, cwd: Path | None = None) -> _Key:
