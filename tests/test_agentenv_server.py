@@ -6,12 +6,14 @@ import asyncio
 import json
 import logging
 import os
+import queue
 import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -508,6 +510,7 @@ def test_a_template_started_early_goes_with_a_server_whose_build_fails(process_f
     assert server.returncode != 0, output
     assert EARLY.search(output) is not None, output
     assert "eval.jsonl" in output
+    assert "Traceback" not in output, output  # the build says its error in a line; the template nothing
     nothing_of_it_left(broken, server.pid)
 
 
@@ -516,14 +519,15 @@ def test_a_template_started_early_goes_with_a_server_stopped_as_it_starts(proces
     command = gymhost_command("serve", str(process_folder), "--port", "0", "--log-level", "debug")
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert server.stdout is not None
-    seen = []
-    for line in server.stdout:
-        seen.append(line)
-        if EARLY.search(line):
-            server.send_signal(signal.SIGTERM)
-            break
-    rest, _ = server.communicate(timeout=CALL_TIMEOUT_S)
-    assert EARLY.search("".join(seen)) is not None, "".join(seen) + rest
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout or ()], daemon=True).start()
+    seen: list[str] = []
+    while not seen or not EARLY.search(seen[-1]):
+        seen.append(lines.get(timeout=CALL_TIMEOUT_S))
+    server.send_signal(signal.SIGTERM)
+    server.wait(CALL_TIMEOUT_S)
+    output = "".join(seen)
+    assert "Traceback" not in output, output
     nothing_of_it_left(process_folder, server.pid)
 
 

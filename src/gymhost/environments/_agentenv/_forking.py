@@ -448,9 +448,11 @@ class BundleLauncher:
         start = _Start(self.bundle, self.confinement, self.limits, self.network)
         pidfds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         channel, its_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        key = self._key(cwd.resolve())
         try:
             arguments = _template_arguments(self.construct_once, theirs)
             popen = start.popen(arguments, its_channel, pass_fds=(theirs.fileno(),), cwd=cwd)
+            _early = _Early(key, start, popen, channel, pidfds)  # at once: a signal now still finds it to stop
         except BaseException:
             pidfds.close()
             channel.close()
@@ -459,7 +461,6 @@ class BundleLauncher:
         finally:
             theirs.close()
             its_channel.close()
-        _early = _Early(self._key(cwd.resolve()), start, popen, channel, pidfds)
         logger.debug("%s: instance template started before the server is built (pid %d)", self.bundle, popen.pid)
 
     def _key(self, cwd: Path | None = None) -> _Key:
@@ -514,15 +515,18 @@ class BundleLauncher:
                 if self._template is not None:  # one that died: its pipes and socket closed, its process reaped
                     await self._template.stop()
                 early = await self._adopt_early() if self._start is None else None
-                if self._start is None:
-                    self._start = (
-                        early.start
-                        if early is not None
-                        else _Start(self.bundle, self.confinement, self.limits, self.network)
+                if early is not None:
+                    self._start = early.start
+                elif self._start is None:
+                    self._start = _Start(self.bundle, self.confinement, self.limits, self.network)
+                try:
+                    self._template = await _Template.start(
+                        self._start, timeout, construct_once=self.construct_once, early=early
                     )
-                self._template = await _Template.start(
-                    self._start, timeout, construct_once=self.construct_once, early=early
-                )
+                except BaseException:
+                    if early is not None:  # stopped, its folder with it: the next start makes its own
+                        self._start = None
+                    raise
             return self._template
 
     async def _adopt_early(self) -> _Early | None:

@@ -169,7 +169,10 @@ def _commands(fd: int, idle: Callable[[], None] | None) -> Iterator[str]:
             if idle is not None and not select.select([fd], [], [], _QUIET_S)[0]:
                 idle()
                 idle = None
-            chunk = os.read(fd, 65536)
+            try:
+                chunk = os.read(fd, 65536)
+            except ConnectionResetError:  # a socket (a template started early) closed with our line unread: the end
+                chunk = b""
             if not chunk:
                 if pending:
                     yield pending.decode(errors="replace")
