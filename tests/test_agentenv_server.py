@@ -520,14 +520,24 @@ def test_a_template_started_early_goes_with_a_server_stopped_as_it_starts(proces
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert server.stdout is not None
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout or ()], daemon=True).start()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in server.stdout or ()], daemon=True)
+    reader.start()
     seen: list[str] = []
     while not seen or not EARLY.search(seen[-1]):
         seen.append(lines.get(timeout=CALL_TIMEOUT_S))
     server.send_signal(signal.SIGTERM)
-    server.wait(CALL_TIMEOUT_S)
+    try:
+        server.wait(CALL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+    reader.join(STATE_TIMEOUT_S)  # to the end of its output, which its template's stderr shares
+    while not lines.empty():
+        seen.append(lines.get())
     output = "".join(seen)
-    assert "Traceback" not in output, output
+    # Dead by the signal wherever it landed: a build that swallowed its exception (importlib's module-lock callback
+    # did, saying "Exception ignored") or wrapped it in its own error (pydantic did) still ends with it.
+    assert server.returncode == -signal.SIGTERM, output
     nothing_of_it_left(process_folder, server.pid)
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from gymhost.environments import write_folder
 
 from .agentenv_helpers import GRIDSIM, environment_process, make_bundle, rows
 from .processes import CALL_TIMEOUT_S, ServerProcess, alive, assert_stopped_cleanly, children, gymhost_command, serving
-from .test_folder_errors import make_folder
+from .test_folder_errors import SERVER, make_folder
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.usefixtures("clean_env")]
 
@@ -206,3 +207,39 @@ def test_a_second_sigterm_while_draining_stops_at_once_without_a_traceback(tmp_p
         server.process.wait(CALL_TIMEOUT_S)
     assert "draining: no new episodes" in server.output, server.output
     assert_stopped_cleanly(server)
+
+
+SWALLOWING = """\
+import time
+
+print("echo-app: importing", flush=True)
+try:
+    time.sleep(120)
+except BaseException:  # as a bare except around an import does, or importlib's module-lock callback: swallowed
+    pass
+"""
+
+
+def test_a_sigterm_whose_exception_the_build_swallowed_still_stops_the_server_before_it_serves(
+    tmp_path: Path,
+) -> None:
+    """The signal lands in an import that swallows its exception; the server builds on, then dies by it instead of
+    serving (importlib's weakref callback swallowed one once, and the server served on, SIGTERM ignored)."""
+    folder = make_folder(tmp_path, app=SWALLOWING + SERVER)
+    command = gymhost_command("serve", str(folder), "--port", "0")
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert server.stdout is not None
+    seen = []
+    for line in server.stdout:  # the import prints its line, then sleeps: it cannot end before the signal
+        seen.append(line)
+        if line.startswith("echo-app: importing"):
+            break
+    server.send_signal(signal.SIGTERM)
+    try:
+        rest, _ = server.communicate(timeout=CALL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        rest, _ = server.communicate()
+    output = "".join(seen) + rest
+    assert server.returncode == -signal.SIGTERM, output
+    assert "gymhost: serving" not in output, output

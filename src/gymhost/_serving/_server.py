@@ -49,24 +49,37 @@ class _Stopped(BaseException):
 
 
 @contextmanager
-def _dying_by_sigterm_after_cleanup() -> Iterator[None]:
+def _dying_by_sigterm_after_cleanup() -> Iterator[Callable[[], None]]:
     """uvicorn ends a graceful shutdown by raising the signal that began it again, with the handler it found: the
     default one would kill the process there, before the cleanup that follows the run. With this one, the signal
     unwinds the run as an exception (as SIGINT does, as ``KeyboardInterrupt``), and the process dies by it once
-    the block's cleanup is done, as uvicorn meant: its exit status says SIGTERM. A SIGTERM while the app is being
-    built ends it the same way. Off the main thread, where no signal handler can be set (nor does uvicorn set one),
-    the block runs as it is."""
+    the block's cleanup is done, as uvicorn meant: its exit status says SIGTERM. A SIGTERM while the app is
+    being built ends it the same way, whatever its exception became on the way out; and the block is given a
+    check that raises it again, for a signal whose exception something in the build swallowed (importlib's
+    module-lock callback, a finalizer it landed in: "Exception ignored"), called before serving. Off the main
+    thread, where no signal handler can be set (nor does uvicorn set one), the block runs as it is."""
+    received: list[int] = []
+
+    def stop_if_signalled() -> None:
+        if received:
+            raise _Stopped(received[0])
+
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield stop_if_signalled
         return
 
     def stopped(signum: int, frame: Any) -> None:
+        received.append(signum)
         raise _Stopped(signum)
 
     previous = signal.signal(signal.SIGTERM, stopped)
     try:
-        yield
-    except _Stopped:
+        yield stop_if_signalled
+    except BaseException:
+        if not received:
+            raise
+        # Stopped: by its exception, or by whatever the exception became (pydantic wraps one raised while it
+        # builds a schema in its own error, and the build then fails with it).
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.raise_signal(signal.SIGTERM)
         raise  # not reached: the signal ends the process
@@ -85,6 +98,7 @@ class Server:
         self.config = config
         self.say = say
         self._secret = ""  # what sessions are signed with, in words (``_signing.describe_secret``)
+        self._stop_if_signalled: Callable[[], None] = lambda: None  # ``_dying_by_sigterm_after_cleanup``'s check
 
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT (a first one drains, a second stops at once)."""
@@ -110,7 +124,7 @@ class Server:
             if status:
                 exit_as(status)
             return
-        with _dying_by_sigterm_after_cleanup():
+        with _dying_by_sigterm_after_cleanup() as self._stop_if_signalled:
             shared = self._share(target)
             try:
                 self._run(target, shared if config.workers > 1 else None)
@@ -254,6 +268,7 @@ class Server:
                 start_early(early, config_key=config.config_key, overrides=self._overrides())
             with held_collection():  # what the build makes frozen as it ends, before any worker is forked
                 app = self._build(target, sock.getsockname()[:2] if config.uds is None else None)
+            self._stop_if_signalled()
             self.say(f"serving {target.name} at {url_of(sock)}{self._mounts(target, app)}")
             self.say(self._secret)
             if workers_folder is not None:
