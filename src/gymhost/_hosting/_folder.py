@@ -49,6 +49,12 @@ class ServerSpec:
     def entrypoint(self) -> Path:
         return self.folder / str(self.block["entrypoint"])
 
+    @property
+    def written(self) -> bool:
+        """Whether ``gymhost write`` made the block (its hosted code is its instances): it has a ``source.kind``."""
+        source = self.block.get("source")
+        return isinstance(source, dict) and "kind" in source
+
     def where(self) -> str:
         """Where the block lives, for error messages: ``file: key.resources_servers.impl``."""
         return f"{self.config_file}: {self.config_key}.{_RESOURCES_SERVERS}.{self.implementation}"

@@ -68,7 +68,7 @@ def confined_server(target: Target, config: ServeConfig) -> ConfinedServer | Non
         return None
     folders = target.folders()
     specs = {folder: load_server_spec(folder, config_key=config.config_key) for folder in folders.values()}
-    if any(written(spec.block) for spec in specs.values()):
+    if any(spec.written for spec in specs.values()):
         return None
     if target.gateway and config.venv and any(unmet_requirements(folder) for folder in folders.values()):
         return None  # those are served apart, each confined in its own process
@@ -80,12 +80,6 @@ def confined_server(target: Target, config: ServeConfig) -> ConfinedServer | Non
     else:
         why = ""
     return ConfinedServer(tuple(folders.values()), bool(why), why)
-
-
-def written(block: dict[str, Any]) -> bool:
-    """Whether a resources-server block is one ``gymhost write`` made (its hosted code is its instances)."""
-    source = block.get("source")
-    return isinstance(source, dict) and "kind" in source
 
 
 def serve_confined(

@@ -75,7 +75,7 @@ def serving_apart(
     from .._config import configured_sandbox
     from .._hosting._folder import load_server_spec
     from .._hosting._venvs import folder_venv, unmet_requirements
-    from ._confined import inside, written
+    from ._confined import inside
 
     confine = configured_sandbox() == "strict" and not inside
     if not (config.venv or confine):
@@ -83,7 +83,7 @@ def serving_apart(
 
     def apart(prefix: str, folder: Path) -> ProcessMount | None:
         own_venv = config.venv and bool(unmet_requirements(folder))
-        confined = confine and not written(load_server_spec(folder, config_key=config.config_key).block)
+        confined = confine and not load_server_spec(folder, config_key=config.config_key).written
         if not (own_venv or confined):
             return None
         if workers > 1:

@@ -34,9 +34,9 @@ def start_early(folder: Path, *, config_key: str | None, overrides: Mapping[str,
     global _began
     try:
         spec = load_server_spec(folder, config_key=config_key, overrides=overrides)
-        block = spec.block.get("source")
-        if not isinstance(block, dict) or "kind" not in block:
+        if not spec.written:
             return  # a Gym server's folder: nothing of gymhost's to start (and its imports are not made here)
+        block = spec.block["source"]
         from ._backend import ServerFolder, resolve_in
         from ._registry import backend_of
 
