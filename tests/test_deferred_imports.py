@@ -36,7 +36,7 @@ def run(code: str, *, deferred: bool = True) -> str:
 
 def test_serving_imports_none_of_gyms_reward_profiling_stack() -> None:
     """Nor rich, Pygments and markdown-it: Gym's launcher help (``config_types``) and httpx's command-line client;
-    nor openai's client and the types of the APIs nemo-gym does not use (openai's package inits)."""
+    nor the types of the APIs nemo-gym does not use (openai.types' package init)."""
     unused = {
         "pandas",
         "scipy",
@@ -45,7 +45,6 @@ def test_serving_imports_none_of_gyms_reward_profiling_stack() -> None:
         "rich",
         "pygments",
         "markdown_it",
-        "openai._client",
         "openai.types.batch",
     }
     imported = run(f"import sys; print(sorted(set({sorted(unused)}) & set(sys.modules)))")
@@ -101,38 +100,38 @@ def test_what_is_deferred_still_works_when_used() -> None:
     assert "A next generation HTTP client" in shown, shown
 
 
-def test_openai_is_whole_at_its_first_use() -> None:
-    """openai's and openai.types' own top level, not run while Gym imports, runs at the first attribute asked of
-    them, once, however many threads ask at once; the version is there before it, as installed."""
+def test_openai_types_is_whole_at_its_first_use() -> None:
+    """openai.types' own top level, not run while Gym imports, runs at the first attribute asked of the package,
+    once, however many threads ask at once; openai itself, and its submodules imported first, are as ever."""
     used = run(
         """
-        import importlib.metadata, sys, threading
-        import openai
-        assert "openai._client" not in sys.modules, "openai's top level ran at import"
-        assert openai.__version__ == importlib.metadata.version("openai"), openai.__version__
-        assert "openai._client" not in sys.modules, "reading the version ran openai's top level"
-        from openai.types import ChatModel
-        assert "openai.types.batch" in sys.modules and "openai._client" not in sys.modules
-        clients = []
-        threads = [threading.Thread(target=lambda: clients.append(openai.AsyncOpenAI)) for _ in range(8)]
+        import sys, threading
+        import openai.types
+        assert "openai.types.batch" not in sys.modules, "openai.types' top level ran at import"
+        from openai.pagination import SyncCursorPage  # a submodule first, then the package: as ever
+        client = openai.OpenAI(api_key="unused", base_url="http://127.0.0.1:9/v1")
+        assert str(client.base_url) == "http://127.0.0.1:9/v1/", client.base_url
+        assert "openai.types.batch" not in sys.modules, "openai's client ran openai.types' top level"
+        found = []
+        threads = [threading.Thread(target=lambda: found.append(openai.types.Batch)) for _ in range(8)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        assert len(clients) == 8 and len(set(clients)) == 1, clients
-        client = openai.OpenAI(api_key="unused", base_url="http://127.0.0.1:9/v1")
-        assert str(client.base_url) == "http://127.0.0.1:9/v1/", client.base_url
-        assert "APIError" in dir(openai) and openai.OpenAI.__module__ == "openai"
+        assert len(found) == 8 and len(set(found)) == 1, found
+        from openai.types import ChatModel
+        from openai.types.batch import Batch
+        assert found[0] is Batch and "Batch" in dir(openai.types)
         namespace = {}
-        exec("from openai import *", namespace)
-        assert namespace["OpenAI"] is openai.OpenAI
+        exec("from openai.types import *", namespace)
+        assert namespace["Batch"] is Batch
         try:
-            openai.no_such_attribute
+            openai.types.no_such_attribute
         except AttributeError as error:
             print(error)
         """
     )
-    assert used == "module 'openai' has no attribute 'no_such_attribute'"
+    assert used == "module 'openai.types' has no attribute 'no_such_attribute'"
 
 
 def test_gyms_own_aggregate_metrics_are_the_same_and_then_use_the_real_pandas() -> None:

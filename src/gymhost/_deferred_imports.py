@@ -17,12 +17,14 @@ pins. A deferring module's ``from importlib.metadata import version`` binds a ``
 ``NOT_INSTALLED`` for a package of ``DEFERRED_PACKAGES`` that is not installed, and what ``importlib.metadata`` answers
 for everything else.
 
-One package is needed, but not all of it: nemo-gym takes a few chat and response types from openai's submodules, and
-its version, while ``openai/__init__.py`` imports its client and ``openai/types/__init__.py`` every type of every
-API: 240 of the 570 modules of openai a server imported, about a tenth of its start's CPU. ``defer_package_inits``
-lets those two packages' own top level run at the first attribute a caller asks of them (``openai.OpenAI``, ``from
-openai.types import ChatModel``); their submodules import as ever, the package's ``__path__`` being set, and
-``openai.__version__`` is read from ``openai._version`` without it.
+One package is needed, but not all of it: nemo-gym takes a few chat and response types from openai's submodules,
+while ``openai/types/__init__.py`` imports the types of every API, 120 modules a server never uses.
+``defer_package_inits`` lets that package's own top level run at the first attribute a caller asks of it (``from
+openai.types import ChatModel``, ``openai.types.Batch``); its submodules import as ever, the package's ``__path__``
+being set. Only packages whose submodules never read their package's attributes while they import, and whose
+attributes nobody sets, can be deferred so: ``openai`` itself cannot (its submodules ``from . import`` names its
+``__init__`` defines, so ``import openai.pagination`` first would run that ``__init__`` inside its own import and
+fail, and ``openai.api_key = ...`` before its first use would be undone by it).
 
 Upstream could drop all of this by importing those packages inside the functions that use them (or, from Python
 3.15, with ``lazy import``): docs/architecture.md.
@@ -66,12 +68,8 @@ DEFERRING_MODULES = frozenset(
         "nemo_gym.config_types",
     }
 )
-# Packages whose own top level runs at the first attribute asked of them (``defer_package_inits``), and the
-# attributes each answers before that, by the submodule that holds them.
-DEFERRED_INITS: Mapping[str, Mapping[str, str]] = {
-    "openai": {"__version__": "openai._version"},
-    "openai.types": {},
-}
+# Packages whose own top level runs at the first attribute asked of them (``defer_package_inits``).
+DEFERRED_INITS = frozenset({"openai.types"})
 # The version a deferring module reads of a deferred package that is not installed: PEP 440, and saying so.
 NOT_INSTALLED = "0+not.installed"
 
@@ -232,8 +230,8 @@ def defer_training_imports() -> None:
 
 class _DeferredInitLoader(importlib.machinery.SourceFileLoader):
     """A package of ``DEFERRED_INITS``, made without running its ``__init__``: the module has its ``__path__`` (so
-    its submodules import as ever), the attributes ``DEFERRED_INITS`` gives it, and a module ``__getattr__`` (PEP 562)
-    that runs the real top level in the module's own namespace at the first other attribute asked, once."""
+    its submodules import as ever) and a module ``__getattr__`` (PEP 562) that runs the real top level in the
+    module's own namespace at the first attribute asked that it lacks, once."""
 
     def exec_module(self, module: types.ModuleType) -> None:
         name = module.__name__
@@ -268,8 +266,6 @@ class _DeferredInitLoader(importlib.machinery.SourceFileLoader):
             return sorted(module.__dict__)
 
         module.__dict__.update(__getattr__=__getattr__, __dir__=__dir__)
-        for attribute, source in DEFERRED_INITS[name].items():
-            setattr(module, attribute, getattr(importlib.import_module(source), attribute))
 
 
 class _DeferredInitFinder(importlib.abc.MetaPathFinder):
