@@ -17,15 +17,6 @@ pins. A deferring module's ``from importlib.metadata import version`` binds a ``
 ``NOT_INSTALLED`` for a package of ``DEFERRED_PACKAGES`` that is not installed, and what ``importlib.metadata`` answers
 for everything else.
 
-One package is needed, but not all of it: nemo-gym takes a few chat and response types from openai's submodules,
-while ``openai/types/__init__.py`` imports the types of every API, 120 modules a server never uses.
-``defer_package_inits`` lets that package's own top level run at the first attribute a caller asks of it (``from
-openai.types import ChatModel``, ``openai.types.Batch``); its submodules import as ever, the package's ``__path__``
-being set. Only packages whose submodules never read their package's attributes while they import, and whose
-attributes nobody sets, can be deferred so: ``openai`` itself cannot (its submodules ``from . import`` names its
-``__init__`` defines, so ``import openai.pagination`` first would run that ``__init__`` inside its own import and
-fail, and ``openai.api_key = ...`` before its first use would be undone by it).
-
 Upstream could drop all of this by importing those packages inside the functions that use them (or, from Python
 3.15, with ``lazy import``): docs/architecture.md.
 """
@@ -45,15 +36,7 @@ import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = [
-    "DEFERRED_INITS",
-    "DEFERRED_PACKAGES",
-    "DEFERRING_MODULES",
-    "NOT_INSTALLED",
-    "defer_httpx_cli",
-    "defer_package_inits",
-    "defer_training_imports",
-]
+__all__ = ["DEFERRED_PACKAGES", "DEFERRING_MODULES", "NOT_INSTALLED", "defer_httpx_cli", "defer_training_imports"]
 
 # Packages a resources server does not need to serve (measured with -X importtime on nemo-gym 0.4.0 and 0.7.0): rich
 # is only the launcher's help and warnings (``config_types`` imports ``rich.markdown``, and with it markdown-it).
@@ -68,8 +51,6 @@ DEFERRING_MODULES = frozenset(
         "nemo_gym.config_types",
     }
 )
-# Packages whose own top level runs at the first attribute asked of them (``defer_package_inits``).
-DEFERRED_INITS = frozenset({"openai.types"})
 # The version a deferring module reads of a deferred package that is not installed: PEP 440, and saying so.
 NOT_INSTALLED = "0+not.installed"
 
@@ -226,68 +207,6 @@ def defer_training_imports() -> None:
     take effect, called before nemo-gym is imported."""
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
-
-
-class _DeferredInitLoader(importlib.machinery.SourceFileLoader):
-    """A package of ``DEFERRED_INITS``, made without running its ``__init__``: the module has its ``__path__`` (so
-    its submodules import as ever) and a module ``__getattr__`` (PEP 562) that runs the real top level in the
-    module's own namespace at the first attribute asked that it lacks, once."""
-
-    def exec_module(self, module: types.ModuleType) -> None:
-        name = module.__name__
-        lock = threading.RLock()  # two threads asking at once: one runs the top level, the other waits for it
-        ran = False
-
-        def run_top_level() -> None:
-            nonlocal ran
-            with lock:
-                if ran:
-                    return
-                ran = True
-                code = self.get_code(name)
-                if code is None:  # pragma: no cover - a source file always has code
-                    raise ImportError(f"no code for {name}", name=name)
-                try:
-                    exec(code, module.__dict__)
-                finally:  # the hooks stay while it runs (another thread's lookup waits on the lock in them)
-                    for hook, ours in (("__getattr__", __getattr__), ("__dir__", __dir__)):
-                        if module.__dict__.get(hook) is ours:  # (unless the top level defined its own)
-                            del module.__dict__[hook]
-
-        def __getattr__(attribute: str) -> Any:
-            run_top_level()
-            try:
-                return module.__dict__[attribute]
-            except KeyError:
-                raise AttributeError(f"module {name!r} has no attribute {attribute!r}") from None
-
-        def __dir__() -> list[str]:
-            run_top_level()
-            return sorted(module.__dict__)
-
-        module.__dict__.update(__getattr__=__getattr__, __dir__=__dir__)
-
-
-class _DeferredInitFinder(importlib.abc.MetaPathFinder):
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in DEFERRED_INITS:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
-        if spec is not None and type(spec.loader) is importlib.machinery.SourceFileLoader and spec.origin:
-            spec.loader = _DeferredInitLoader(fullname, spec.origin)
-        return spec
-
-
-_INIT_FINDER = _DeferredInitFinder()
-
-
-def defer_package_inits() -> None:
-    """Make the packages of ``DEFERRED_INITS`` run their own top level at first use (idempotent); to take effect,
-    called before they are first imported."""
-    if _INIT_FINDER not in sys.meta_path:
-        sys.meta_path.insert(0, _INIT_FINDER)
 
 
 def defer_httpx_cli() -> None:

@@ -11,7 +11,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 
-from ._deferred_imports import defer_package_inits, defer_training_imports
+from ._deferred_imports import defer_training_imports
 from ._exceptions import NemoGymNotInstalledError
 
 __all__ = [
@@ -74,7 +74,6 @@ def require_nemo_gym() -> str:
         if importlib.util.find_spec(module) is None:
             raise NemoGymNotInstalledError(module)
     defer_training_imports()
-    defer_package_inits()
     importlib.import_module("nemo_gym")
     return importlib.metadata.version("nemo-gym")
 
