@@ -31,7 +31,8 @@ No instance outlives the server. The template exits when its stdin reaches end o
 the kernel kills it when the server dies, whatever it is doing then, importing or constructing the environment
 included (``PR_SET_PDEATHSIG``, set as it starts; so the thread that starts the template must last as long as its
 pool: the event loop's); each instance asks the kernel to kill it when the template exits. Everything an
-environment prints goes to stderr: stdout carries the protocol only.
+environment prints goes to stderr, and what it starts reads nothing from stdin: the protocol's two ends are the
+template's alone (``_private_protocol``).
 """
 
 from __future__ import annotations
@@ -86,13 +87,13 @@ def main(argv: list[str]) -> None:
     bundle, options = Path(argv[0]).resolve(), _options(argv[1:])
     rules = Rules.from_argument(options[CONFINE]) if CONFINE in options else None
     if SERVE in options:
-        _quiet_stdout()
+        commands, _ = _private_protocol()
         if rules is not None:
             drop_privileges(rules)
         listening = listen_at(options[SERVE])  # before the import: the server's describe waits for it, not the file
         if rules is not None:
             enter_instance(rules, scratch_of(options[SERVE]))  # before the thread below: the instance's
-        threading.Thread(target=_exit_at_end_of_stdin, name="parent-watch", daemon=True).start()
+        threading.Thread(target=_exit_at_end_of, args=(commands,), name="parent-watch", daemon=True).start()
         _serve(_load(bundle), listening, rules.limits if rules is not None else None)
     elif PIDFDS in options:
         _die_with_server()
@@ -119,7 +120,7 @@ def _options(arguments: list[str]) -> dict[str, str]:
 
 
 def _template(bundle: Path, *, construct_once: bool, rules: Rules | None, pidfds: socket.socket) -> None:
-    replies = _quiet_stdout()
+    commands, replies = _private_protocol()
     environment_class = _load(bundle)
     _preload()
     if threading.active_count() != 1 or not hasattr(os, "fork"):
@@ -131,7 +132,7 @@ def _template(bundle: Path, *, construct_once: bool, rules: Rules | None, pidfds
     gc.collect()
     gc.freeze()  # what is imported now is never written by the collector again: the pages stay shared
     template = os.getpid()
-    for line in _commands(sys.stdin.fileno(), idle=_settle):
+    for line in _commands(commands, idle=_settle):
         command, _, path = line.strip().partition(" ")
         if command != "spawn" or not path:
             continue
@@ -148,6 +149,7 @@ def _template(bundle: Path, *, construct_once: bool, rules: Rules | None, pidfds
             continue
         if pid == 0:
             replies.close()  # the protocol is the template's
+            os.close(commands)
             pidfds.close()
             _forked(environment, listening, template if rules is None else None, rules)
         listening.close()  # the instance's now
@@ -236,9 +238,6 @@ def _forked(
         if template is not None and not die_with_parent(signal.SIGKILL, template):
             os._exit(1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)  # the template's command pipe is not ours to read
-        os.close(devnull)
         _serve(environment, listening, rules.limits if rules is not None else None)
     except BaseException as error:  # nothing may return into the template's loop
         print(f"gymhost: environment instance {os.getpid()} stopped: {error!r}", file=sys.stderr, flush=True)
@@ -310,11 +309,19 @@ def _preload() -> None:
         import uvloop  # noqa: F401
 
 
-def _quiet_stdout() -> TextIO:
-    """The real stdout for the protocol; file descriptor 1 becomes stderr, for whatever the environment prints."""
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    return replies
+def _private_protocol() -> tuple[int, TextIO]:
+    """The protocol's two ends, as file descriptors of this process alone (not inherited by what it starts): the
+    commands read and the replies written. File descriptor 0 becomes ``/dev/null`` and 1 stderr, for the
+    environment's code: what it prints goes to stderr, and a process it starts (at its import, say) that reads its
+    stdin finds it empty, where it would have read, and taken, the server's commands; nor does such a process hold
+    the server's end of the channel open once this one is gone."""
+    commands = os.dup(0)
+    replies = os.fdopen(os.dup(1), "w")
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    return commands, replies
 
 
 def _say(replies: TextIO, line: str) -> None:
@@ -325,11 +332,13 @@ def _say(replies: TextIO, line: str) -> None:
         os._exit(0)
 
 
-def _exit_at_end_of_stdin() -> None:
-    """Block until the server closes our stdin or dies, then exit: nobody writes to it but the server."""
+def _exit_at_end_of(commands: int) -> None:
+    """Block until the server closes our commands or dies, then exit: nobody writes to them but the server."""
     try:
-        while sys.stdin.buffer.read(65536):
+        while os.read(commands, 65536):
             pass
+    except ConnectionResetError:  # a socket closed with a line unread: the end too
+        pass
     finally:
         os._exit(0)
 
