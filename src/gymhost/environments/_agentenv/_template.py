@@ -87,7 +87,8 @@ def main(argv: list[str]) -> None:
     bundle, options = Path(argv[0]).resolve(), _options(argv[1:])
     rules = Rules.from_argument(options[CONFINE]) if CONFINE in options else None
     if SERVE in options:
-        commands, _ = _private_protocol()
+        commands, replies = _private_protocol()
+        replies.close()  # an instance on its own answers on its socket: its stdout is the server's, not to be kept
         if rules is not None:
             drop_privileges(rules)
         listening = listen_at(options[SERVE])  # before the import: the server's describe waits for it, not the file
@@ -100,6 +101,7 @@ def main(argv: list[str]) -> None:
         if rules is not None:
             enter_template(rules)
         pidfds = socket.socket(fileno=int(options[PIDFDS]))
+        pidfds.set_inheritable(False)  # the server's, as the commands are: not for what the environment starts
         _template(bundle, construct_once=CONSTRUCT_EACH not in options, rules=rules, pidfds=pidfds)
     else:
         raise SystemExit(_USAGE)
