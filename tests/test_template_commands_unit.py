@@ -78,7 +78,7 @@ async def test_a_process_the_environment_starts_reads_none_of_the_servers_comman
         instances = [await launcher.launch(index, PoolSettings()) for index in range(3)]
         for instance in instances:
             await until_described(instance)
-        assert_none_naming(mark, "a process that reads its standard input to the end")  # it read nothing, at once
+        assert_none_naming(mark, "a process that reads its standard input to the end")  # its stdin was empty: it ended
         for instance in instances:
             await launcher.stop(instance)
     finally:
