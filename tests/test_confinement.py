@@ -63,8 +63,30 @@ REACH_ENV = COUNTER_ENV.replace(
             with socket.socket(socket.AF_UNIX) as unix:
                 unix.connect(path)
 
+        def listening_on(fd: int) -> str | None:
+            """The name of the socket ``fd`` is, if one that can accept connections; else None."""
+            try:
+                with socket.socket(fileno=os.dup(fd)) as held:
+                    if held.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                        return str(held.getsockname())
+            except OSError:  # not a socket (or the listing's own descriptor, closed by now)
+                pass
+            return None
+
+        def same_file(fd: int, other: int) -> bool:
+            try:
+                mine, theirs = os.fstat(fd), os.fstat(other)
+            except OSError:
+                return False
+            return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+
+        descriptors = [int(name) for name in os.listdir("/proc/self/fd")]
         bundle = os.path.dirname(os.path.abspath(__file__))
         return {
+            # What the process holds of its server's: sockets that accept connections (its own channel is one),
+            # and copies of its output (the server's) beyond its own stdout and stderr.
+            "listening": [name for fd in descriptors if (name := listening_on(fd)) is not None],
+            "output copies": [fd for fd in descriptors if fd > 2 and same_file(fd, 2)],
             "uid": os.getuid(),
             "shadow": attempt(lambda: open("/etc/shadow").read()),
             "bundle": attempt(lambda: write_in(bundle)),
@@ -123,6 +145,16 @@ async def reach_from_an_instance(
     return reached, server.output
 
 
+def assert_holds_nothing_of_its_servers(reached: dict[str, Any]) -> None:
+    """The instance accepts connections on its own channel and nowhere else (with the server's listening socket it
+    would take the trainer's requests, ``/verify`` included, and answer them itself), and writes the server's output
+    only through the stderr it is given (a copy of the server's stdout would let it write the start line and the
+    access log). uvloop passes every inheritable descriptor on to the processes it starts, whatever ``close_fds``
+    says (libuv has no such step), and copies of their standard streams with them."""
+    assert [name.rsplit("/", 1)[-1] for name in reached["listening"]] == ["0.sock"], reached
+    assert reached["output copies"] == [], reached
+
+
 def _an_address() -> str:
     """An address of this machine beyond loopback, where one exists (else loopback's other end of 127/8)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -150,6 +182,7 @@ async def test_a_confined_instance_reaches_nothing_beyond_its_scratch(tmp_path: 
     assert reached["others"] == [], reached
     assert reached["scratch"] == "done", reached
     assert reached["tmp"] == "done", reached  # its own /tmp
+    assert_holds_nothing_of_its_servers(reached)
 
 
 @pytest.mark.parametrize("how", HOW)
@@ -174,6 +207,16 @@ async def test_without_namespaces_landlock_and_seccomp_keep_an_instance_to_its_s
     assert reached["tmp"] == "Permission denied", reached  # the machine's /tmp: nothing left there for the next
     assert reached["scratch"] == "done", reached
     assert reached["parent"] in reached["others"], reached  # no PID namespace of its own
+    assert_holds_nothing_of_its_servers(reached)
+
+
+async def test_a_template_started_by_a_worker_hands_nothing_of_its_servers_on(tmp_path: Path) -> None:
+    """Each worker of ``--workers 2`` starts its template on its event loop (uvloop), not before it as one server
+    does, and a connection that reaches the other worker is handed over: what either passes on, its instances do not
+    hold."""
+    reached, _ = await reach_from_an_instance(tmp_path, "--workers", "2")
+    assert (reached["pool says"], reached["metric says"]) == ("namespaces", ["namespaces"]), reached
+    assert_holds_nothing_of_its_servers(reached)
 
 
 async def test_a_folder_that_asks_for_the_network_gets_it_and_nothing_more(tmp_path: Path) -> None:
@@ -201,6 +244,7 @@ async def test_sandbox_off_leaves_the_same_instance_the_servers_reach(tmp_path: 
         assert reached["shadow"] == "done", reached
     assert reached["server"] == "done", reached
     assert reached["parent"] in reached["others"], reached
+    assert_holds_nothing_of_its_servers(reached)  # not the sandbox's doing: what it is handed, at any level
 
 
 async def test_instances_start_beside_the_machines_own_mounts_under_tmp(tmp_path: Path) -> None:

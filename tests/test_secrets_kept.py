@@ -1,4 +1,4 @@
-"""The server's secrets never reach the code it hosts (issue 43, item 1).
+"""The server's secrets never reach the code it hosts (issue 43, item 1), nor its listening socket.
 
 A real ``gymhost serve`` with ``GYMHOST_SECRET`` and ``GYMHOST_TOKEN`` in its environment, as an operator starts it:
 
@@ -7,6 +7,10 @@ A real ``gymhost serve`` with ``GYMHOST_SECRET`` and ``GYMHOST_TOKEN`` in its en
 - a written bundle's process instance: its own environment is an allow-list, and its template's and its server's
   hold neither value.
 
+And a Gym server that runs the model's code as Gym's local sandbox does (``asyncio.create_subprocess_exec``, on the
+server's event loop, uvloop): the code holds no socket of the server's to accept the trainer's requests on.
+(tests/test_confinement.py has the same look from a process instance.)
+
 Each look also finds what it must (``PATH``; the instance's ``GYMHOST_TEMPLATE_SERVER_PID`` in its template's), so
 a look that read nothing cannot pass.
 """
@@ -14,16 +18,20 @@ a look that read nothing cannot pass.
 from __future__ import annotations
 
 import json
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gymhost import EpisodeClient
 from gymhost.environments import awrite_folder
 
 from .agentenv_helpers import COUNTER_ENV, make_bundle, rows
-from .processes import gymhost_command, serving
+from .conftest import REPO
+from .processes import free_port, gymhost_command, serving
 from .test_folder_errors import CONFIG, make_folder
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -67,6 +75,43 @@ LOOK = """\
 import json, os
 parent = open(f"/proc/{os.getppid()}/environ", "rb").read().decode("latin-1")
 print(json.dumps({"environ": dict(os.environ), "parent": parent}))
+"""
+
+
+# The same server running the code as Gym's local sandbox provider does, on the server's event loop, and passing it
+# every inheritable descriptor, as uvloop does whatever it is told (and as ``os.system`` does).
+ASYNC_RUNNER = RUNNER.replace("import subprocess\n", "import asyncio\n").replace(
+    """        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        return RunVerifyResponse(**body.model_dump(), reward=1.0, printed=done.stdout + done.stderr)""",
+    """        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", code, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            close_fds=False,
+        )
+        printed, _ = await asyncio.wait_for(process.communicate(), timeout=120)
+        return RunVerifyResponse(**body.model_dump(), reward=1.0, printed=printed.decode())""",
+)
+
+# Every socket with an address that the model's code holds: with its server's listening socket it could take the
+# trainer's next requests, with the connection its own ``/verify`` came on it could answer it, its own reward in it.
+# A socket of its own is found too.
+SOCKETS = """\
+import json, os, socket
+own = socket.socket(socket.AF_UNIX)
+own.bind("\\0a-socket-of-its-own-" + str(os.getpid()))
+own.listen()
+found = []
+for name in os.listdir("/proc/self/fd"):
+    try:
+        with socket.socket(fileno=os.dup(int(name))) as held:
+            try:
+                peer = held.getpeername()
+            except OSError:
+                peer = ""
+            if held.getsockname() or peer:
+                found.append(f"{held.getsockname()} {peer}")
+    except OSError:
+        pass
+print(json.dumps(found))
 """
 
 
@@ -141,3 +186,50 @@ async def test_a_process_instance_finds_no_secret(tmp_path: Path) -> None:
     assert not {name for name in seen["environ"] if name.startswith("GYMHOST_")}, seen["environ"]
     assert "CLOUD_API_KEY" not in seen["environ"]
     assert "an-operators-credential" not in seen["template"]
+
+
+# How the server runs: gymhost serve (one process; two workers, which hand connections to each other; hypercorn, which
+# makes its sockets inheritable), and hypercorn's own command (its socket made in its supervisor, inheritable).
+SERVERS = {
+    "serve": ["serve", "--port", "0"],
+    "serve --workers 2": ["serve", "--port", "0", "--workers", "2"],
+    "serve --server hypercorn": ["serve", "--port", "0", "--server", "hypercorn"],
+    "hypercorn asgi:app": [sys.executable, "-m", "hypercorn", "asgi:app", "--bind", "127.0.0.1:{port}"],
+}
+
+
+@pytest.mark.parametrize("how", SERVERS)
+async def test_the_code_a_gym_server_runs_holds_no_socket_of_the_servers(tmp_path: Path, how: str) -> None:
+    """With two workers, a connection that reaches the worker not holding its episode is handed to the one that
+    does: each call below comes on a connection of its own, until one was handed over."""
+    folder = make_folder(tmp_path, name="runner", config=CONFIG.format(key="runner", name="runner"), app=ASYNC_RUNNER)
+    options: dict[str, Any] = {}
+    if how.startswith("serve"):
+        command = gymhost_command(*SERVERS[how][:1], str(folder), *SERVERS[how][1:])
+    else:  # asgi.py from the checkout, as test_processes.py runs it
+        port = free_port()
+        command = [part.format(port=port) for part in SERVERS[how]]
+        options = {"cwd": REPO, "env": {"GYMHOST_FOLDER": str(folder)}, "url": f"http://127.0.0.1:{port}"}
+    with serving(command, **options) as server:
+        async with EpisodeClient(server.url) as episode:
+            row = {"responses_create_params": {"input": [{"role": "user", "content": "take the next request"}]}}
+            await episode.seed(row)
+            body = {**row, "response": response_saying(SOCKETS)}
+            answers = [await episode.post("/verify", body)]
+            workers = "--workers" in how
+            while workers and handoffs(server.url) == 0 and len(answers) < 64:
+                answers.append(await episode.post("/verify", body))
+            assert not workers or handoffs(server.url) > 0, "no connection was handed over"
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        printed = answer.json()["printed"]
+        assert printed.startswith("["), printed
+        found = json.loads(printed)
+        assert [name for name in found if "a-socket-of-its-own" not in name] == [], found  # nothing of its server's
+        assert len(found) == 1, found  # its own: the look finds what it must
+
+
+def handoffs(url: str) -> float:
+    """Connections handed over between the server's workers, by its metrics."""
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(float(value) for value in re.findall(r'gymhost_handoffs_total\{outcome="sent"\} (\S+)', metrics))

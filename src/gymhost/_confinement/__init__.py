@@ -4,8 +4,8 @@ environment, agent-env's app, a Gym server under ``--sandbox strict``), which th
 One interface (``_base.Confinement``), chosen once a process (``confinement``, from ``--sandbox``), with the levels
 as its backends: ``namespaces`` (``_bubblewrap``; each instance then confines itself, ``_rules``), ``landlock``
 (``_landlock``, where no namespaces may be made), and ``limits`` and ``none`` (``_unconfined``). Whatever the
-level, the environment of hosted code is an allow-list (``_environment``), and gymhost's own secrets are not in the
-server's (``_config.take_secrets``).
+level, the environment of hosted code is an allow-list (``_environment``), gymhost's own secrets are not in the
+server's (``_config.take_secrets``), and nothing of the server's descriptors reaches it (``gymhost._descriptors``).
 """
 
 from ._base import DEFAULT_SCRATCH_BYTES, Confinement, Level

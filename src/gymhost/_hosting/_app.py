@@ -29,6 +29,7 @@ from .._config import (
     NoToken,
     take_secrets,
 )
+from .._descriptors import sockets_not_inherited
 from .._exceptions import FolderError
 from .._keys import StateKey
 from .._logging import fastmcp_leaves_logging_alone
@@ -114,6 +115,7 @@ def build_app(
 ) -> FastAPI:
     """``create_app`` with its guards already decided (``AppSettings``): what a gateway builds its mounts with."""
     take_secrets()  # before the folder's code is imported: nothing it starts inherits them
+    sockets_not_inherited()  # nor the server's sockets (an ASGI server makes its own inheritable, for its workers)
     version = require_nemo_gym()
     name = overrides.pop("name", None)
     spec = load_server_spec(server_folder(str(folder)), config_key=config_key, overrides=overrides)

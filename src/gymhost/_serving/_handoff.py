@@ -181,7 +181,10 @@ class HandOffReceiver:
                 _warn("gymhost: connections handed over by a sibling worker were dropped: this process is out of "
                       "descriptors (raise the open-files limit)")  # fmt: skip
             for received in fds:
+                # Received descriptors are inheritable (Python's recv_fds ignores MSG_CMSG_CLOEXEC), and the event
+                # loop's subprocesses pass every inheritable one on: the trainer's connection, to the model's code.
                 connection = socket.socket(fileno=received)
+                connection.set_inheritable(False)
                 connection.setblocking(False)
                 self.serve(connection)
             if not data:  # the sibling closed its end (it stopped)

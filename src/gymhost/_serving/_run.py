@@ -76,7 +76,13 @@ def held_collection() -> Iterator[None]:
 
 def bind_socket(host: str, port: int, backlog: int = ServeConfig.backlog) -> socket.socket:
     """A listening TCP socket on ``host:port`` (``port`` 0 takes a free one) whose queue holds ``backlog``
-    connections not yet accepted (the kernel caps it at ``net.core.somaxconn``, which is said when it does)."""
+    connections not yet accepted (the kernel caps it at ``net.core.somaxconn``, which is said when it does).
+
+    Not inheritable, as Python makes every descriptor: the server's workers are forked, and a confined server is
+    handed it by name (``pass_fds``). An inheritable one (uvicorn and hypercorn make theirs so, for their workers)
+    would reach every process the server's event loop starts: uvloop passes on every inheritable descriptor,
+    whatever ``close_fds`` says (libuv has no such step), and code a Gym server runs for the model (Gym's local
+    sandbox starts it so) could accept the trainer's requests, its own ``/verify`` among them, and answer them."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -90,12 +96,11 @@ def bind_socket(host: str, port: int, backlog: int = ServeConfig.backlog) -> soc
         if error.errno == errno.EADDRNOTAVAIL or isinstance(error, socket.gaierror):
             raise ServeError(f"cannot bind {host}:{port}: {host} is not an address of this machine") from None
         raise ServeError(f"cannot bind {host}:{port}: {error.strerror or error}") from None
-    sock.set_inheritable(True)
     return sock
 
 
 def bind_unix_socket(path: str, backlog: int = ServeConfig.backlog) -> socket.socket:
-    """A listening Unix socket at ``path``, replacing a stale socket file there."""
+    """A listening Unix socket at ``path``, replacing a stale socket file there; not inheritable (``bind_socket``)."""
     with contextlib.suppress(FileNotFoundError):
         if stat.S_ISSOCK(os.stat(path).st_mode):
             os.unlink(path)
@@ -106,7 +111,6 @@ def bind_unix_socket(path: str, backlog: int = ServeConfig.backlog) -> socket.so
     except OSError as error:
         sock.close()
         raise ServeError(f"cannot listen on {path}: {error.strerror or error}") from None
-    sock.set_inheritable(True)
     return sock
 
 
@@ -260,11 +264,20 @@ class _DrainingUvicorn(uvicorn.Server):
 def _run_hypercorn(app: Any, sockets: list[socket.socket], config: ServeConfig) -> None:
     try:
         from hypercorn.asyncio import serve
-        from hypercorn.config import Config
+        from hypercorn.config import Config, Sockets
     except ImportError:
         raise ServeError("hypercorn is not installed: pip install hypercorn (gymhost's hypercorn extra)") from None
 
-    hypercorn_config = Config()
+    class _Config(Config):
+        def create_sockets(self) -> Sockets:
+            """hypercorn makes the sockets it serves inheritable, for workers of its own; these are not for what the
+            server's code starts (``bind_socket``)."""
+            sockets = super().create_sockets()
+            for sock in (*sockets.secure_sockets, *sockets.insecure_sockets, *sockets.quic_sockets):
+                sock.set_inheritable(False)
+            return sockets
+
+    hypercorn_config = _Config()
     # A duplicate, because hypercorn closes the socket it was given and gymhost closes its own.
     hypercorn_config.bind = [f"fd://{os.dup(sock.fileno())}" for sock in sockets]
     hypercorn_config.loglevel = config.log_level.upper()

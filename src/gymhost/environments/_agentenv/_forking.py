@@ -303,6 +303,8 @@ class _Template:
                 _, pidfds, _, _ = socket.recv_fds(self._pidfds, 1, 1)
             except BlockingIOError:
                 raise StartupError("the instance template spawned an instance and handed over no pidfd") from None
+        for received in pidfds:  # inheritable as received: not for what the server starts (``_handoff``)
+            os.set_inheritable(received, False)
         # The template runs hosted code: what it hands over is used only if it is a pidfd (of a process it can see).
         if pidfds and not os.readlink(f"/proc/self/fd/{pidfds[0]}").startswith(("anon_inode:[pidfd]", "pidfd:")):
             os.close(pidfds[0])

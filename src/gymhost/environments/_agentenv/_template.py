@@ -61,6 +61,7 @@ from ..._confinement import (
     scratch_of,
     watch,
 )
+from ..._descriptors import close_inherited
 from ..._sessions._identity import die_with_parent
 from .._errors import StartupError
 from ._channel import end_for_limit, listen_at, serve_instance
@@ -85,6 +86,7 @@ def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit(_USAGE)
     bundle, options = Path(argv[0]).resolve(), _options(argv[1:])
+    close_inherited(keep={int(options[PIDFDS])} if PIDFDS in options else set())  # the server's, passed by mistake
     rules = Rules.from_argument(options[CONFINE]) if CONFINE in options else None
     if SERVE in options:
         commands, replies = _private_protocol()
