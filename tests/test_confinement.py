@@ -212,8 +212,8 @@ async def test_without_namespaces_landlock_and_seccomp_keep_an_instance_to_its_s
 
 async def test_a_template_started_by_a_worker_hands_nothing_of_its_servers_on(tmp_path: Path) -> None:
     """Each worker of ``--workers 2`` starts its template on its event loop (uvloop), not before it as one server
-    does, and a connection that reaches the other worker is handed over: what either passes on, its instances do not
-    hold."""
+    does, once the workers' own sockets exist (the listening one, and each worker's for forwards and hand-overs):
+    whatever the loop passes on, the template's instances do not hold."""
     reached, _ = await reach_from_an_instance(tmp_path, "--workers", "2")
     assert (reached["pool says"], reached["metric says"]) == ("namespaces", ["namespaces"]), reached
     assert_holds_nothing_of_its_servers(reached)

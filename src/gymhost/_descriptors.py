@@ -1,24 +1,27 @@
-"""The file descriptors a process of hosted code starts with: its standard streams and what gymhost hands it.
+"""No socket of the server's reaches a process its code starts; a process of hosted code that gymhost starts holds
+its standard streams and what gymhost hands it, nothing else.
 
 A descriptor marked inheritable reaches every process its holder starts through uvloop, whatever ``close_fds``
 says (libuv has no such step; uvloop also leaves a copy of each standard stream it hands over), and every process
 started by ``os.system``. Among a server's could be its listening socket (uvicorn and hypercorn make theirs
 inheritable, for workers of their own) or a connection handed over between workers: hosted code holding one can
-accept the trainer's requests, its own ``/verify`` among them, and answer them with any reward. So the app keeps the
-process's sockets to itself before a folder's code is imported (``sockets_not_inherited``), and
-a process of hosted code that gymhost starts closes what it was passed by mistake before the code runs
-(``close_inherited``). What gymhost binds or receives itself is never inheritable (``_serving._run.bind_socket``,
-``_serving._handoff``).
+accept the trainer's requests, its own ``/verify`` among them, and answer them with any reward. So what gymhost
+binds is not inheritable (``_serving._run.bind_socket``), nor what it receives from another process
+(``received_fds``); building an app marks every socket the process already holds not inheritable
+(``sockets_not_inherited``); and a template or instance closes what it was passed by mistake before the bundle's
+code runs (``close_inherited``).
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import os
+import socket
 import stat
 from collections.abc import Collection
 
-__all__ = ["close_inherited", "sockets_not_inherited"]
+__all__ = ["close_inherited", "received_fds", "sockets_not_inherited"]
 
 
 def _descriptors() -> list[int]:
@@ -43,3 +46,15 @@ def sockets_not_inherited() -> None:
         with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
             if os.get_inheritable(fd) and stat.S_ISSOCK(os.fstat(fd).st_mode):
                 os.set_inheritable(fd, False)
+
+
+def received_fds(sock: socket.socket, bufsize: int, maxfds: int) -> tuple[bytes, list[int], int]:
+    """``socket.recv_fds``, its descriptors not inheritable from the moment they exist (``MSG_CMSG_CLOEXEC``, which
+    ``recv_fds`` does not pass on): no process started meanwhile, from another thread, receives one. The data, the
+    descriptors and the message's flags."""
+    fds = array.array("i")
+    data, ancillary, flags, _ = sock.recvmsg(bufsize, socket.CMSG_LEN(maxfds * fds.itemsize), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds), flags

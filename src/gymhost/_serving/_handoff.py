@@ -26,6 +26,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from .._descriptors import received_fds
 from .._logging import RateLimitedWarning
 from .._metrics import handed_off
 from .._sessions._identity import process_state
@@ -171,7 +172,7 @@ class HandOffReceiver:
             return
         for _ in range(_RECEIVE_BATCH):
             try:
-                data, fds, flags, _ = socket.recv_fds(sender, _RECEIVE_BATCH, _RECEIVE_BATCH)
+                data, fds, flags = received_fds(sender, _RECEIVE_BATCH, _RECEIVE_BATCH)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -180,11 +181,8 @@ class HandOffReceiver:
                 handed_off("dropped")
                 _warn("gymhost: connections handed over by a sibling worker were dropped: this process is out of "
                       "descriptors (raise the open-files limit)")  # fmt: skip
-            for received in fds:
-                # Received descriptors are inheritable (Python's recv_fds ignores MSG_CMSG_CLOEXEC), and the event
-                # loop's subprocesses pass every inheritable one on: the trainer's connection, to the model's code.
+            for received in fds:  # not inheritable: no process the server's code starts holds the trainer's connection
                 connection = socket.socket(fileno=received)
-                connection.set_inheritable(False)
                 connection.setblocking(False)
                 self.serve(connection)
             if not data:  # the sibling closed its end (it stopped)

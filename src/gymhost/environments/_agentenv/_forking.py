@@ -33,6 +33,7 @@ from typing import Protocol
 
 from ..._config import DEFAULT_SANDBOX, configured_sandbox
 from ..._confinement import Confinement, Limits, Rules, confinement, hosted_environment, scratch_of
+from ..._descriptors import received_fds
 from ..._scratch import remove, scratch_folder
 from .._backend import Instance
 from .._errors import StartupError
@@ -300,11 +301,9 @@ class _Template:
             if len(words) != 2 or words[0] != SPAWNED:
                 raise StartupError(f"the instance template answered {' '.join(words)!r}, not a new instance")
             try:  # sent before the line above: waiting in the socket already
-                _, pidfds, _, _ = socket.recv_fds(self._pidfds, 1, 1)
+                _, pidfds, _ = received_fds(self._pidfds, 1, 1)  # not for what the server starts
             except BlockingIOError:
                 raise StartupError("the instance template spawned an instance and handed over no pidfd") from None
-        for received in pidfds:  # inheritable as received: not for what the server starts (``_handoff``)
-            os.set_inheritable(received, False)
         # The template runs hosted code: what it hands over is used only if it is a pidfd (of a process it can see).
         if pidfds and not os.readlink(f"/proc/self/fd/{pidfds[0]}").startswith(("anon_inode:[pidfd]", "pidfd:")):
             os.close(pidfds[0])
