@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -204,16 +205,17 @@ async def test_construct_once_false_constructs_in_each_instance(tmp_path: Path) 
 
 @pytest.mark.parametrize("kind", UNFORKABLE)
 async def test_a_constructor_a_fork_cannot_copy_runs_in_each_instance(
-    tmp_path: Path, capfd: pytest.CaptureFixture[str], kind: str
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
     extra, why = UNFORKABLE[kind]
+    caplog.set_level(logging.INFO, logger="gymhost.hosted")  # what the template says, logged as its output
     async with launched(tmp_path, 2, extra=extra) as (_, (first, second)):
         one, two = await note(first, "a"), await note(second, "b")
     assert one["constructed_in"] == one["serving_in"]
     assert two["constructed_in"] == two["serving_in"]
     assert (one["notes"], two["notes"]) == (["a"], ["b"])
     said = "NotesEnv: each instance constructs its own environment: its constructor "
-    assert said + why in capfd.readouterr().err
+    assert said + why in caplog.text
 
 
 TICKING_ENV = """

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from ... import _hosted_output as hosted_output
 from ..._config import DEFAULT_SANDBOX, configured_sandbox
 from ..._confinement import Confinement, Limits, Rules, confinement, hosted_environment, scratch_of
 from ..._descriptors import received_fds
@@ -65,6 +66,7 @@ SERVE = "--serve"  # the template's option: no template, one instance answering 
 SERVER_PID = "GYMHOST_TEMPLATE_SERVER_PID"  # the process the template dies with (set in the template's environment)
 _STOP_GRACE_S = 5.0
 _END_OF_INPUT_GRACE_S = 2.0  # a template reads its input between spawns: it exits at once, unless stuck importing
+_OUTPUT_GRACE_S = 2.0  # a template that failed to start: its output's end, waited for before the error is said
 _TEMPLATE = ("-m", "gymhost.environments._agentenv._template")
 
 
@@ -254,6 +256,7 @@ class _Template:
             pidfds = early.pidfds
             try:
                 process: _Process = await _Adopted.of(early.popen, early.channel)
+                output = await start.relay(early.output)
             except BaseException:  # cancelled as the server stops, say: nothing of it may be left
                 early.stop()
                 raise
@@ -262,7 +265,7 @@ class _Template:
             try:
                 arguments = _template_arguments(construct_once, theirs)
                 pipe = asyncio.subprocess.PIPE
-                process = await start.process(arguments, stdout=pipe, pass_fds=(theirs.fileno(),))
+                process, output = await start.process(arguments, stdout=pipe, pass_fds=(theirs.fileno(),))
             except BaseException:
                 pidfds.close()
                 raise
@@ -280,6 +283,7 @@ class _Template:
         if words[:1] != [TEMPLATE_READY] or len(words) != 2:
             pidfds.close()
             await _terminate(process)
+            await output.said(_OUTPUT_GRACE_S)  # its traceback, in the log before the error that points to it
             raise StartupError(
                 f"{bundle}/env.py: the instance template exited with status {process.returncode} before serving "
                 "(its error output is above)"
@@ -329,19 +333,40 @@ class _Start:
             hidden=[self.sockets], limits=limits, network=network, readable=[bundle]
         )
 
-    async def process(self, arguments: list[str], **options: object) -> asyncio.subprocess.Process:
+    async def process(
+        self, arguments: list[str], **options: object
+    ) -> tuple[asyncio.subprocess.Process, hosted_output.HostedOutput]:
+        """Started, what it prints logged as hosted code's (``_hosted_output``)."""
         command, env = self._command(arguments)
-        return await asyncio.create_subprocess_exec(
-            *command,
-            stdin=asyncio.subprocess.PIPE,  # closed (or the server dies): the process goes, and the instances too
-            env=env,
-            **options,  # type: ignore[arg-type]
-        )
+        ours, theirs = hosted_output.pair()
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.PIPE,  # closed (or the server dies): the process goes, and the instances too
+                stderr=theirs.fileno(),
+                env=env,
+                **options,  # type: ignore[arg-type]
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return process, await self.relay(ours)
 
-    def popen(self, arguments: list[str], channel: socket.socket, **options: object) -> subprocess.Popen[bytes]:
-        """``process``, before there is an event loop (``_Early``), its standard input and output ``channel``."""
+    def popen(
+        self, arguments: list[str], channel: socket.socket, output: socket.socket, **options: object
+    ) -> subprocess.Popen[bytes]:
+        """``process``, before there is an event loop (``_Early``), its standard input and output ``channel``, what
+        it prints on ``output`` (``relay`` it once there is a loop)."""
         command, env = self._command(arguments)
-        return subprocess.Popen(command, stdin=channel, stdout=channel, env=env, **options)  # type: ignore[call-overload,no-any-return]
+        return subprocess.Popen(command, stdin=channel, stdout=channel, stderr=output, env=env, **options)  # type: ignore[call-overload,no-any-return]
+
+    async def relay(self, ours: socket.socket) -> hosted_output.HostedOutput:
+        """What the process prints on the other end of ``ours``, logged as the written folder's hosted code's."""
+        # A written folder's bundle is its folder's ``bundle``: the folder names it; a bundle elsewhere, itself.
+        name = self.bundle.parent.name if self.bundle.name == "bundle" else self.bundle.name
+        return await hosted_output.relay(ours, name)
 
     def _command(self, arguments: list[str]) -> tuple[list[str], dict[str, str]]:
         argv = [sys.executable, *_TEMPLATE, str(self.bundle), *arguments]
@@ -370,14 +395,15 @@ class _Key:
 @dataclass
 class _Early:
     """A template started before the server's event loop (``BundleLauncher.start_early``), until a launcher adopts it
-    or the server stops it (``stop_early``): its process, the socket that is its standard input and output, and the
-    one it hands instances' pidfds over."""
+    or the server stops it (``stop_early``): its process, the socket that is its standard input and output, the one
+    it hands instances' pidfds over, and the one it prints on (relayed once adopted; till then the socket holds it)."""
 
     key: _Key
     start: _Start
     popen: subprocess.Popen[bytes]
     channel: socket.socket
     pidfds: socket.socket
+    output: socket.socket
 
     def stop(self) -> None:
         """As ``_terminate``: the end of its input (it exits when it reads it, once it has imported the bundle), then
@@ -386,6 +412,7 @@ class _Early:
         try:
             self.channel.close()
             self.pidfds.close()
+            self.output.close()  # what it printed and no launcher relayed is lost with it
             try:
                 self.popen.wait(_END_OF_INPUT_GRACE_S)
             except subprocess.TimeoutExpired:
@@ -449,19 +476,22 @@ class BundleLauncher:
         start = _Start(self.bundle, self.confinement, self.limits, self.network)
         pidfds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         channel, its_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        output, its_output = hosted_output.pair()
         key = self._key(cwd.resolve())
         try:
             arguments = _template_arguments(self.construct_once, theirs)
-            popen = start.popen(arguments, its_channel, pass_fds=(theirs.fileno(),), cwd=cwd)
-            _early = _Early(key, start, popen, channel, pidfds)  # at once: a signal now still finds it to stop
+            popen = start.popen(arguments, its_channel, its_output, pass_fds=(theirs.fileno(),), cwd=cwd)
+            _early = _Early(key, start, popen, channel, pidfds, output)  # at once: a signal now still finds it to stop
         except BaseException:
             pidfds.close()
             channel.close()
+            output.close()
             remove(start.folder)
             raise
         finally:
             theirs.close()
             its_channel.close()
+            its_output.close()
         logger.debug("%s: instance template started before the server is built (pid %d)", self.bundle, popen.pid)
 
     def _key(self, cwd: Path | None = None) -> _Key:
@@ -475,7 +505,7 @@ class BundleLauncher:
         if template.forks:
             process: ForkedProcess | SpawnedProcess = await template.spawn(path, settings.startup_timeout_s)
         else:  # stdin never written: closed when this process goes, and so it goes
-            process = SpawnedProcess(await self._start.process([SERVE, str(path)]))
+            process = SpawnedProcess((await self._start.process([SERVE, str(path)]))[0])
         copies = template.copies if template.forks and self.construct_once else None
         client = ChannelClient(
             str(path), base_url=f"http://instance-{index}", data_timeout=settings.data_timeout_s, copies=copies

@@ -31,8 +31,9 @@ No instance outlives the server. The template exits when its stdin reaches end o
 the kernel kills it when the server dies, whatever it is doing then, importing or constructing the environment
 included (``PR_SET_PDEATHSIG``, set as it starts; so the thread that starts the template must last as long as its
 pool: the event loop's); each instance asks the kernel to kill it when the template exits. Everything an
-environment prints goes to stderr, and what it starts reads nothing from stdin: the protocol's two ends are the
-template's alone (``_private_protocol``).
+environment prints goes to stderr, which the server reads and logs as hosted code's (``gymhost._hosted_output``),
+and what it starts reads nothing from stdin: the protocol's two ends are the template's alone
+(``_private_protocol``); nor does it hold any other descriptor of the server's (``gymhost._descriptors``).
 """
 
 from __future__ import annotations

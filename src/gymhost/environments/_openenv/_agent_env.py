@@ -32,6 +32,7 @@ import httpx
 
 from ..._config import AGENT_ENV_PYTHON_ENV_VAR, PARENT_PID_ENV_VAR, configured_agent_env_python
 from ..._confinement import hosted_environment
+from ..._hosted_output import HostedOutput, pair, relay
 from ..._scratch import remove, scratch_folder
 from .._backend import Instance, forever
 from .._errors import SourceError, StartupError
@@ -53,6 +54,7 @@ _RUNNER = Path(__file__).with_name("_agent_env_app.py")
 _URL = "http://agent-env.local"  # the app is reached on its socket; the host only names it in messages
 _STOP_GRACE_S = 12.0  # the runner's own grace (10 s), and a little more
 _HEALTH_INTERVAL_S = 0.1
+_OUTPUT_GRACE_S = 2.0  # an app that failed to start: its output's end, waited for before the error is said
 
 
 def is_agent_env_bundle(folder: Path) -> bool:
@@ -82,11 +84,14 @@ def agent_env_python(given: str | None) -> str:
 class AgentEnvFrameworkApp:
     """agent-env's OpenEnv app for one bundle, as a process of this server's."""
 
-    def __init__(self, process: asyncio.subprocess.Process, folder: Path, bundle: Path) -> None:
+    def __init__(
+        self, process: asyncio.subprocess.Process, folder: Path, bundle: Path, output: HostedOutput | None
+    ) -> None:
         self.process = process
         self.folder = folder
         self.socket = str(folder / "app.sock")
         self.bundle = bundle
+        self.output = output
 
     @property
     def url(self) -> str:
@@ -97,10 +102,11 @@ class AgentEnvFrameworkApp:
         cls, bundle: Path, python: str, sessions: int, timeout: float, *, quiet: bool = False
     ) -> AgentEnvFrameworkApp:
         """Start it and wait until it answers (``/health``), within ``timeout``: agent-env's import alone takes
-        seconds. Its output goes to this process's stderr, or, ``quiet``, to a log whose end a failure to start
-        shows."""
+        seconds. Its output is logged as hosted code's (``_hosted_output``), or, ``quiet``, goes to a log whose end a
+        failure to start shows."""
         folder = scratch_folder("agent-env")
         log = (folder / "app.log").open("wb") if quiet else None
+        ours, theirs = (None, None) if quiet else pair()
         environment = hosted_environment(  # never the server's own
             **{
                 PARENT_PID_ENV_VAR: str(os.getpid()),
@@ -117,16 +123,21 @@ class AgentEnvFrameworkApp:
                 str(sessions),
                 stdin=asyncio.subprocess.PIPE,  # closed (or this process dies): the app stops
                 stdout=asyncio.subprocess.DEVNULL,
-                stderr=log,
+                stderr=log if theirs is None else theirs.fileno(),
                 env=environment,
             )
         except OSError as error:
             remove(folder)
+            if ours is not None:
+                ours.close()
             raise StartupError(f"{python}: cannot run agent-env's OpenEnv app: {error}") from None
         finally:
             if log is not None:
                 log.close()
-        app = cls(process, folder, bundle)
+            if theirs is not None:
+                theirs.close()
+        output = await relay(ours, bundle.parent.name) if ours is not None else None
+        app = cls(process, folder, bundle, output)
         try:
             await app._ready(timeout)
         except BaseException:
@@ -161,7 +172,7 @@ class AgentEnvFrameworkApp:
         try:
             lines = (self.folder / "app.log").read_text(errors="replace").strip().splitlines()
         except OSError:
-            return "its error is in the server's output above"
+            return "its error is in the log above"
         return "\n".join(lines[-15:]) or "it printed nothing"
 
     async def _ready(self, timeout: float) -> None:
@@ -170,6 +181,8 @@ class AgentEnvFrameworkApp:
             deadline = asyncio.get_running_loop().time() + timeout
             while True:
                 if self.exited():
+                    if self.output is not None:  # what it printed as it failed, in the log before the error
+                        await self.output.said(_OUTPUT_GRACE_S)
                     raise StartupError(
                         f"agent-env's OpenEnv app for {self.bundle} exited with status {self.process.returncode} as it "
                         f"started (build_app refuses a bundle whose tasks cannot all be played): {self._output()}"
