@@ -1,15 +1,18 @@
 """What hosted code prints: read by the server and logged as hosted code's, never written into the server's log as is.
 
-A bundle's template and instances (and whatever they start) print to a socket the server reads, not to the server's
-stderr: there, a line hosted code printed could pass for one of the server's own (an episode's end and its reward,
-in the JSON lines a run's pipeline counts), and a line that is not JSON would break a JSON log. The server logs each
-line through the ``gymhost.hosted`` logger at INFO, ``<folder>: <line>``, so it takes the log's format, level and
-destination, its control characters escaped (no terminal escapes into an operator's terminal); in a process that
-configured no logging at all, on stderr as before, named and escaped.
+A bundle's template and instances (and whatever they start) and agent-env's app print to a socket the server reads,
+not to the server's stderr: there, a line hosted code printed could pass for one of the server's own (an episode's
+end and its reward, in the JSON lines a run's pipeline counts), and a line that is not JSON would break a JSON log.
+The server logs each line through the ``gymhost.hosted`` logger at INFO, ``<folder>: <line>``, so it takes the log's
+format, level and destination, with every character that could end a line or drive a terminal escaped; in a process
+that configured no logging at all, on stderr as before, named and escaped.
 
-Logging a line costs the server's event loop a few microseconds, so hosted code could keep the loop busy by
-printing: a socket is read for at most ``LINES_PER_S`` lines a second, and beyond that not read until the second is
-over. Its writer then waits (the socket's buffer fills), the server does not, and the log says it was held back.
+Reading and logging cost the server's event loop, so hosted code could keep the loop busy by printing: a socket is
+read for at most ``BYTES_PER_S`` bytes and ``LINES_PER_S`` lines a second, a read past either is paid back before the
+next (reading pauses; the writer waits, as the socket's buffer fills), lines are cut at ``LINE_MAX`` bytes, and at
+most a second's share of lines waits to be logged: past it, lines are dropped. Each is counted in a warning that says
+the output was held back. The last lines are kept (``tail``) for the error that says why a process failed to start,
+whatever the log's level.
 """
 
 from __future__ import annotations
@@ -24,18 +27,25 @@ from typing import cast
 
 from ._logging import RateLimitedWarning
 
-__all__ = ["LINES_PER_S", "HostedOutput", "pair", "relay"]
+__all__ = ["BYTES_PER_S", "LINES_PER_S", "LINE_MAX", "HostedOutput", "pair", "relay"]
 
 logger = logging.getLogger("gymhost.hosted")
 
 LINES_PER_S = 1000
-_LINE_MAX = 8192  # the bytes of a line logged; the rest is cut, and said
-_ESCAPED = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x7F) if code != 0x09}  # all control characters but tab
+BYTES_PER_S = 64 * 1024
+LINE_MAX = 8192  # the bytes of a line logged; the rest is cut, and said
+_TAIL = 15  # lines kept for an error
+# Every character that ends a line somewhere (str.splitlines: \n, \r, \v, \f, \x1c-\x1e, \x85, U+2028, U+2029) or
+# drives a terminal (C0 and C1 controls, DEL), as \xNN or \uNNNN; tab stays.
+_ESCAPED = {
+    code: (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+    for code in (*range(0x20), *range(0x7F, 0xA0), 0x2028, 0x2029)
+    if code != 0x09
+}
 
 
 class HostedOutput(asyncio.Protocol):
-    """The lines one socket brings, logged as ``name``'s, at most ``LINES_PER_S`` a second. Reading stops as soon as
-    a read brings more than the second's share, so what waits here is at most one read's lines."""
+    """The lines one socket brings, logged as ``name``'s, within ``BYTES_PER_S`` and ``LINES_PER_S``."""
 
     def __init__(self, name: str) -> None:
         self._name = name
@@ -43,41 +53,49 @@ class HostedOutput(asyncio.Protocol):
         self._partial = bytearray()
         self._cutting = False  # the rest of a line too long, skipped up to its end
         self._lines: collections.deque[bytes] = collections.deque()
+        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL)
+        self._dropped = 0
         self._ended = False  # every writer is gone: closed once what waits is logged
         self._window_ends = 0.0
-        self._left = LINES_PER_S
+        self._lines_left = LINES_PER_S
+        self._bytes_left = BYTES_PER_S  # below 0: a read past the share, paid back in the seconds after
         self._waiting: asyncio.TimerHandle | None = None
         self._held_back = RateLimitedWarning(logger)
         self._closed = asyncio.get_running_loop().create_future()
 
     async def said(self, timeout: float) -> None:
-        """Wait, at most ``timeout``, until every writer is gone and what they printed is logged: before the server
-        says a process of hosted code failed, what it printed as it failed (its traceback) is in the log above."""
+        """Wait, at most ``timeout``, until every writer is gone and what they printed is read: before the server says
+        why a process of hosted code failed, what it printed as it failed is in ``tail`` (and in the log)."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self._closed), timeout)
+
+    def last_lines(self) -> str:
+        """What it printed last, for an error: a few lines, or that there were none."""
+        return "\n".join(self.tail) if self.tail else "it printed nothing"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is one, though not a subclass
 
     def data_received(self, data: bytes) -> None:
+        self._bytes_left -= len(data)
         *lines, rest = data.split(b"\n")
         for line in lines:
-            if self._cutting:
-                self._cutting = False
-            else:
-                self._lines.append(bytes(self._partial + line))
+            if not self._cutting:
+                self._keep(self._partial + line)
             self._partial.clear()
+            self._cutting = False
         if not self._cutting:
             self._partial += rest
-            if len(self._partial) > _LINE_MAX:
-                self._lines.append(bytes(self._partial[:_LINE_MAX]) + b" [cut]")
+            if len(self._partial) > LINE_MAX:
+                self._keep(self._partial)
                 self._partial.clear()
                 self._cutting = True
         self._log()
 
     def eof_received(self) -> bool:
-        if self._partial and not self._cutting:
-            self._lines.append(bytes(self._partial))
+        if self._partial:
+            self._keep(self._partial)
+            self._partial.clear()
         self._ended = True
         self._log()
         return True  # open until what waits is logged, at the same pace
@@ -87,39 +105,50 @@ class HostedOutput(asyncio.Protocol):
             self._closed.set_result(None)
         if self._waiting is not None:
             self._waiting.cancel()
-        for _ in range(min(len(self._lines), LINES_PER_S)):  # the server stops: a second's share more, and no wait
+        while self._lines:  # the server stops: at most a second's share waits here, said now
             self._say(self._lines.popleft())
-        if self._lines:
-            logger.warning("%s: %d lines its hosted code printed were not logged: the server stopped", self._name,
-                           len(self._lines))  # fmt: skip
+
+    def _keep(self, line: bytes | bytearray) -> None:
+        if len(self._lines) >= LINES_PER_S:
+            self._dropped += 1
+            return
+        self._lines.append(bytes(line[:LINE_MAX]) + b" [cut]" if len(line) > LINE_MAX else bytes(line))
 
     def _resume(self) -> None:
         self._waiting = None
         self._log()
 
     def _log(self) -> None:
-        now = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         if now >= self._window_ends:
-            self._window_ends, self._left = now + 1.0, LINES_PER_S
-        while self._lines and self._left > 0:
+            self._window_ends, self._lines_left = now + 1.0, LINES_PER_S
+            self._bytes_left = min(self._bytes_left + BYTES_PER_S, BYTES_PER_S)
+        while self._lines and self._lines_left > 0:
             self._say(self._lines.popleft())
-            self._left -= 1
+            self._lines_left -= 1
         assert self._transport is not None
         if self._transport.is_closing():
             return
-        if self._lines:  # over this second's share: nothing more is read until the next
+        if self._lines or self._bytes_left <= 0:  # over this second's share: nothing more is read until it is paid
             if self._waiting is None:
                 self._transport.pause_reading()
-                self._waiting = asyncio.get_running_loop().call_at(self._window_ends, self._resume)
-                self._held_back("%s: its hosted code prints more than %d lines a second: held back", self._name,
-                                LINES_PER_S)  # fmt: skip
+                self._waiting = loop.call_at(self._window_ends, self._resume)
+                self._held_back(
+                    "%s: its hosted code prints more than %d lines or %d bytes a second: held back (%d lines dropped)",
+                    self._name,
+                    LINES_PER_S,
+                    BYTES_PER_S,
+                    self._dropped,
+                )
         elif self._ended:
             self._transport.close()
-        elif not self._transport.is_reading():  # the next second: read again
+        elif not self._transport.is_reading():  # paid: read again
             self._transport.resume_reading()
 
     def _say(self, line: bytes) -> None:
         text = line.removesuffix(b"\r").decode("utf-8", "replace").translate(_ESCAPED)
+        self.tail.append(text)
         if logger.hasHandlers():
             logger.info("%s: %s", self._name, text)
         else:  # a host that configured no logging at all: on stderr, as it was printed, but named and escaped

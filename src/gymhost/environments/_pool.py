@@ -358,7 +358,8 @@ class Pool:
             except (EnvUnavailableError, DataPlaneError) as error:
                 if instance.process is not None and instance.process.exited_now():
                     raise StartupError(
-                        f"environment instance {instance.index} exited before serving (its error output is above)"
+                        f"environment instance {instance.index} exited before serving (what it printed is logged, by "
+                        "gymhost.hosted)"
                     ) from None
                 if asyncio.get_running_loop().time() > deadline:
                     raise StartupError(f"environment instance {instance.index}: it did not answer: {error}") from None

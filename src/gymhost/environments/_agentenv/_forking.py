@@ -283,10 +283,10 @@ class _Template:
         if words[:1] != [TEMPLATE_READY] or len(words) != 2:
             pidfds.close()
             await _terminate(process)
-            await output.said(_OUTPUT_GRACE_S)  # its traceback, in the log before the error that points to it
+            await output.said(_OUTPUT_GRACE_S)  # what it printed as it failed, whatever the log's level
             raise StartupError(
-                f"{bundle}/env.py: the instance template exited with status {process.returncode} before serving "
-                "(its error output is above)"
+                f"{bundle}/env.py: the instance template exited with status {process.returncode} before serving; "
+                f"it said:\n{output.last_lines()}"
             )
         forks = words[1] == "fork"
         if not forks:  # it exits as it says so: reaped now, not left a zombie for the server's life

@@ -168,11 +168,13 @@ class AgentEnvFrameworkApp:
         remove(self.folder)
 
     def _output(self) -> str:
-        """The end of what it printed, when that went to its log; else where it went."""
+        """The end of what it printed: from the server's reading of it, or from its log file (``quiet``)."""
+        if self.output is not None:
+            return self.output.last_lines()
         try:
             lines = (self.folder / "app.log").read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return "its error is in the log above"
+        except OSError as error:
+            return f"its log could not be read: {error}"
         return "\n".join(lines[-15:]) or "it printed nothing"
 
     async def _ready(self, timeout: float) -> None:
