@@ -34,6 +34,7 @@ logger = logging.getLogger("gymhost.hosted")
 LINES_PER_S = 1000
 BYTES_PER_S = 64 * 1024
 LINE_MAX = 8192  # the bytes of a line logged; the rest is cut, and said
+SAID_WITHIN_S = 2.0  # how long a process that failed to start is given for the rest of its output to be read
 _TAIL = 15  # lines kept for an error
 # Every character that ends a line somewhere (str.splitlines: \n, \r, \v, \f, \x1c-\x1e, \x85, U+2028, U+2029) or
 # drives a terminal (C0 and C1 controls, DEL), as \xNN or \uNNNN; tab stays.
@@ -63,7 +64,7 @@ class HostedOutput(asyncio.Protocol):
         self._held_back = RateLimitedWarning(logger)
         self._closed = asyncio.get_running_loop().create_future()
 
-    async def said(self, timeout: float) -> None:
+    async def said(self, timeout: float = SAID_WITHIN_S) -> None:
         """Wait, at most ``timeout``, until every writer is gone and what they printed is read: before the server says
         why a process of hosted code failed, what it printed as it failed is in ``tail`` (and in the log)."""
         with contextlib.suppress(TimeoutError):
@@ -130,7 +131,9 @@ class HostedOutput(asyncio.Protocol):
         assert self._transport is not None
         if self._transport.is_closing():
             return
-        if self._lines or self._bytes_left <= 0:  # over this second's share: nothing more is read until it is paid
+        # Over this second's share: nothing more is read until it is paid (once every writer is gone, nothing more
+        # is read at all: only the lines waiting hold it open).
+        if self._lines or (self._bytes_left <= 0 and not self._ended):
             if self._waiting is None:
                 self._transport.pause_reading()
                 self._waiting = loop.call_at(self._window_ends, self._resume)

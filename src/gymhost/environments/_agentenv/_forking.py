@@ -66,7 +66,6 @@ SERVE = "--serve"  # the template's option: no template, one instance answering 
 SERVER_PID = "GYMHOST_TEMPLATE_SERVER_PID"  # the process the template dies with (set in the template's environment)
 _STOP_GRACE_S = 5.0
 _END_OF_INPUT_GRACE_S = 2.0  # a template reads its input between spawns: it exits at once, unless stuck importing
-_OUTPUT_GRACE_S = 2.0  # a template that failed to start: its output's end, waited for before the error is said
 _TEMPLATE = ("-m", "gymhost.environments._agentenv._template")
 
 
@@ -283,7 +282,7 @@ class _Template:
         if words[:1] != [TEMPLATE_READY] or len(words) != 2:
             pidfds.close()
             await _terminate(process)
-            await output.said(_OUTPUT_GRACE_S)  # what it printed as it failed, whatever the log's level
+            await output.said()  # what it printed as it failed, whatever the log's level
             raise StartupError(
                 f"{bundle}/env.py: the instance template exited with status {process.returncode} before serving; "
                 f"it said:\n{output.last_lines()}"

@@ -54,7 +54,6 @@ _RUNNER = Path(__file__).with_name("_agent_env_app.py")
 _URL = "http://agent-env.local"  # the app is reached on its socket; the host only names it in messages
 _STOP_GRACE_S = 12.0  # the runner's own grace (10 s), and a little more
 _HEALTH_INTERVAL_S = 0.1
-_OUTPUT_GRACE_S = 2.0  # an app that failed to start: its output's end, waited for before the error is said
 
 
 def is_agent_env_bundle(folder: Path) -> bool:
@@ -184,7 +183,7 @@ class AgentEnvFrameworkApp:
             while True:
                 if self.exited():
                     if self.output is not None:  # what it printed as it failed, in the log before the error
-                        await self.output.said(_OUTPUT_GRACE_S)
+                        await self.output.said()
                     raise StartupError(
                         f"agent-env's OpenEnv app for {self.bundle} exited with status {self.process.returncode} as it "
                         f"started (build_app refuses a bundle whose tasks cannot all be played): {self._output()}"
