@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gymhost import EpisodeClient
-from gymhost._hosted_output import LINES_PER_S
+from gymhost._hosted_output import LINES_PER_S, WAITING_MAX
 from gymhost.environments import awrite_folder
 
 from .agentenv_helpers import COUNTER_ENV, make_bundle, rows
@@ -28,7 +28,8 @@ pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, py
 
 FORGED = {"time": "2026-12-07T00:00:00.000+00:00", "level": "INFO", "logger": "gymhost.episodes",
           "event": "episode_end", "message": "episode ended", "outcome": "rewarded", "reward": 1.0}  # fmt: skip
-FLOOD = LINES_PER_S * 5 // 2  # lines: more than two seconds' share
+FLOOD = LINES_PER_S * 5 // 2  # lines: more than two seconds' share, fewer than may wait (none dropped, however read)
+assert FLOOD < WAITING_MAX
 
 PRINTING_ENV = COUNTER_ENV.replace(
     """    @tool(name="stall")""",

@@ -10,9 +10,9 @@ that configured no logging at all, on stderr as before, named and escaped.
 Reading and logging cost the server's event loop, so hosted code could keep the loop busy by printing: a socket is
 read for at most ``BYTES_PER_S`` bytes and ``LINES_PER_S`` lines a second, a read past either is paid back before the
 next (reading pauses; the writer waits, as the socket's buffer fills), lines are cut at ``LINE_MAX`` bytes, and at
-most a second's share of lines waits to be logged: past it, lines are dropped. Each is counted in a warning that says
-the output was held back. The last lines are kept (``tail``) for the error that says why a process failed to start,
-whatever the log's level.
+most ``WAITING_MAX`` lines (four seconds' share) wait to be logged: past them, lines are dropped, and counted in a
+warning that says the output was held back. The last lines are kept (``tail``) for the error that says why a process
+failed to start, whatever the log's level.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ logger = logging.getLogger("gymhost.hosted")
 LINES_PER_S = 1000
 BYTES_PER_S = 64 * 1024
 LINE_MAX = 8192  # the bytes of a line logged; the rest is cut, and said
+WAITING_MAX = 4 * LINES_PER_S  # more than one read of a few thousand lines brings, fewer than minutes of backlog
 SAID_WITHIN_S = 2.0  # how long a process that failed to start is given for the rest of its output to be read
 _TAIL = 15  # lines kept for an error
 # Every character that ends a line somewhere (str.splitlines: \n, \r, \v, \f, \x1c-\x1e, \x85, U+2028, U+2029) or
@@ -106,11 +107,11 @@ class HostedOutput(asyncio.Protocol):
             self._closed.set_result(None)
         if self._waiting is not None:
             self._waiting.cancel()
-        while self._lines:  # the server stops: at most a second's share waits here, said now
+        while self._lines:  # the server stops: what waits here (at most WAITING_MAX), said now
             self._say(self._lines.popleft())
 
     def _keep(self, line: bytes | bytearray) -> None:
-        if len(self._lines) >= LINES_PER_S:
+        if len(self._lines) >= WAITING_MAX:
             self._dropped += 1
             return
         self._lines.append(bytes(line[:LINE_MAX]) + b" [cut]" if len(line) > LINE_MAX else bytes(line))
