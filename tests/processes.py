@@ -19,7 +19,8 @@ from pathlib import Path
 
 import httpx
 
-URL_LINE = re.compile(r"gymhost: serving \S+ at (http://\S+)")
+# The start line, as text or (--log-format json) as the message of a JSON record.
+URL_LINE = re.compile(r'(?:gymhost: |"message": ")serving \S+ at (http://[^\s"]+)')
 START_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 20.0
 # A test's HTTP call to a real server: a bound that catches a hang, never one a busy machine reaches (httpx's default

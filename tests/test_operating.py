@@ -193,8 +193,10 @@ async def test_json_logs_carry_each_episodes_end(counter_folder: Path) -> None:
     row = next(r for r in rows(counter_folder) if r["task_id"] == "count-to-3")
     with serve(counter_folder, "--log-format", "json") as server:
         await play_counter(server.url, row)
-    lines = [json.loads(line) for line in server.lines if line.startswith("{")]
-    assert lines, server.output
+    lines = [json.loads(line) for line in server.lines]  # every line, the start lines too
+    (start,) = [line for line in lines if line["message"].startswith("serving ")]
+    assert (start["logger"], start["level"]) == ("gymhost", "INFO"), start
+    assert start["message"].startswith(f"serving {counter_folder.name} at {server.url}"), start
     (end,) = [line for line in lines if line.get("event") == "episode_end"]
     assert (end["outcome"], end["reward"], end["task_id"], end["tool_calls"]) == ("rewarded", 1.0, "count-to-3", 1)
     assert end["logger"] == "gymhost.episodes"

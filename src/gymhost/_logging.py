@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["JsonFormatter", "RateLimitedWarning", "fastmcp_leaves_logging_alone", "logging_config"]
+__all__ = ["JsonFormatter", "RateLimitedWarning", "fastmcp_leaves_logging_alone", "json_line", "logging_config"]
 
 
 _FASTMCP_LOGGING = "mcp.server.fastmcp.utilities.logging"  # its configure_logging calls basicConfig
@@ -67,6 +67,12 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
+
+
+def json_line(logger: str, level: int, message: str) -> str:
+    """A line written outside logging (what ``gymhost serve`` says as it starts, said before and after its logging
+    is configured) as the record ``JsonFormatter`` makes of it: under ``--log-format json`` every line is JSON."""
+    return JsonFormatter().format(logging.LogRecord(logger, level, __file__, 0, message, None, None))
 
 
 def logging_config(log_format: str, level: str) -> dict[str, Any]:

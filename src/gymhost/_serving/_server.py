@@ -91,12 +91,22 @@ def _print(line: str) -> None:
     print(f"gymhost: {line}", file=sys.stderr if line.startswith("WARNING") else sys.stdout, flush=True)
 
 
+def _print_json(line: str) -> None:
+    """A line said under ``--log-format json``: a record of the ``gymhost`` logger, where the text line would go."""
+    from .._logging import json_line
+
+    warning = line.startswith("WARNING: ")
+    level, message = (logging.WARNING, line.removeprefix("WARNING: ")) if warning else (logging.INFO, line)
+    print(json_line("gymhost", level, message), file=sys.stderr if warning else sys.stdout, flush=True)
+
+
 class Server:
-    """``say`` prints what the operator should know (default: a ``gymhost:`` line on stdout, warnings on stderr)."""
+    """``say`` prints what the operator should know (default: a ``gymhost:`` line on stdout, warnings on stderr);
+    under ``--log-format json`` each is a JSON record instead, whatever ``say`` is."""
 
     def __init__(self, config: ServeConfig, *, say: Callable[[str], None] = _print) -> None:
         self.config = config
-        self.say = say
+        self.say = _print_json if config.log_format == "json" else say
         self._secret = ""  # what sessions are signed with, in words (``_signing.describe_secret``)
         self._stop_if_signalled: Callable[[], None] = lambda: None  # ``_dying_by_sigterm_after_cleanup``'s check
 

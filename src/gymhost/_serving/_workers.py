@@ -32,9 +32,7 @@ import logging
 import os
 import signal
 import socket
-import sys
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -122,7 +120,7 @@ class _Supervisor:
                         continue
                 else:
                     self.failures = 0
-                logger.warning("gymhost: worker %d (pid %d) exited with %d; starting it again", index, pid, code)
+                logger.warning("worker %d (pid %d) exited with %d; starting it again", index, pid, code)
                 self._spawn(index)
         finally:
             for signum, handler in handlers.items():
@@ -167,10 +165,10 @@ class _Supervisor:
         code = 1
         try:
             code = self._worker(index, parent)
-        except GymhostError as error:
-            print(f"Error: worker {index}: {error}", file=sys.stderr, flush=True)
+        except GymhostError as error:  # logged as the server logs (JSON lines under --log-format json)
+            logger.error("worker %d: %s", index, error)
         except BaseException:
-            traceback.print_exc()
+            logger.exception("worker %d failed", index)
         finally:
             os._exit(code)
 
