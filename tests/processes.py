@@ -89,11 +89,14 @@ def serving(
     env: Mapping[str, str] | None = None,
     url: str | None = None,
     ready_path: str = "/",
+    pass_fds: Sequence[int] = (),
 ) -> Iterator[ServerProcess]:
-    """Run ``command`` until the server answers ``GET ready_path``; its URL is ``url`` or the one gymhost prints."""
+    """Run ``command`` until the server answers ``GET ready_path``; its URL is ``url`` or the one gymhost prints.
+    ``pass_fds``: descriptors it inherits, as from a shell or a supervisor."""
     process = subprocess.Popen(
         list(command),
         cwd=cwd,
+        pass_fds=pass_fds,
         # A test stops its server with one SIGTERM: a short drain, unless the test drains on purpose (--drain-timeout).
         env={**os.environ, "GYMHOST_DRAIN_TIMEOUT": "2", **(env or {})},
         stdout=subprocess.PIPE,

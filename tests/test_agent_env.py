@@ -127,12 +127,38 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gym(folder: Path) -> Iterator[ServerProcess]:
-    with serving(gymhost_command("serve", str(folder), "--port", "0")) as running:
+def inherited() -> Iterator[int]:
+    """A descriptor the module's server inherits from whoever started it, as from a shell: a pipe's read end."""
+    read, write = os.pipe()
+    yield read
+    os.close(read)
+    os.close(write)
+
+
+@pytest.fixture(scope="module")
+def gym(folder: Path, inherited: int) -> Iterator[ServerProcess]:
+    with serving(gymhost_command("serve", str(folder), "--port", "0"), pass_fds=[inherited]) as running:
         app = app_of(running)
         yield running
     assert_stopped_cleanly(running)
     assert not alive(app), "agent-env's app outlived the server"
+
+
+def link_of(pid: int, fd: int) -> str:
+    """What ``pid``'s ``fd`` is (``pipe:[INODE]``, a path), or "" if it closed meanwhile."""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return ""
+
+
+def test_agent_envs_app_holds_nothing_the_server_inherited(gym: ServerProcess, inherited: int) -> None:
+    """The server passes its inheritable descriptors on to what it starts (uvloop does, whatever ``close_fds``
+    says): agent-env's app closes them before it imports anything of the bundle's."""
+    held = link_of(gym.process.pid, inherited)
+    assert held == f"pipe:[{os.fstat(inherited).st_ino}]", "the server holds it: what the app must not"
+    app = app_of(gym)
+    assert held not in {link_of(app, int(fd)) for fd in os.listdir(f"/proc/{app}/fd")}
 
 
 async def play(

@@ -39,6 +39,7 @@ def main(argv: list[str]) -> None:
     if len(argv) != 3:
         raise SystemExit("usage: python _agent_env_app.py BUNDLE SOCKET SESSIONS")
     bundle, socket_path, sessions = Path(argv[0]).resolve(), argv[1], int(argv[2])
+    _close_inherited()
     parent = int(os.environ.get("GYMHOST_PARENT_PID", "0"))
     folder = Path(socket_path).parent
     _stop_with_parent(parent, folder)
@@ -58,6 +59,17 @@ def main(argv: list[str]) -> None:
         uvicorn.run(app, uds=socket_path, log_level="warning", timeout_graceful_shutdown=5)
     finally:
         _remove_if_orphaned(parent, folder)
+
+
+def _close_inherited() -> None:
+    """Hold the standard streams gymhost hands it and nothing else the server held: uvloop passes on every inheritable
+    descriptor whatever ``close_fds`` says, among them what the server inherited from whoever started it. As
+    ``gymhost._descriptors.close_inherited`` does for a template (this script cannot import gymhost)."""
+    for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+        if fd > 2:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+                if os.get_inheritable(fd):
+                    os.close(fd)
 
 
 def _configure_logging() -> None:
