@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -106,6 +107,20 @@ def test_a_path_with_a_space_in_gymhost_folder_fails_saying_it_was_split(tmp_pat
     given = CliRunner().invoke(main, ["serve", str(tmp_path / "a"), str(tmp_path / "b")], env={"GYMHOST_FOLDER": ""})
     assert given.exit_code == 1, given.output
     assert "split on spaces" not in given.output  # paths given as arguments were not split by gymhost
+
+
+def test_serve_says_its_error_as_a_json_record_under_log_format_json(tmp_path: Path) -> None:
+    """Under ``--log-format json`` the line a failed start ends with is JSON too: a log shipper reads it as it reads
+    the rest."""
+    missing = tmp_path / "missing"
+    result = CliRunner().invoke(main, ["serve", str(missing), "--log-format", "json"])
+    assert result.exit_code == 1, result.output
+    (line,) = result.output.splitlines()
+    record = json.loads(line)
+    assert (record["level"], record["logger"]) == ("ERROR", "gymhost"), record
+    assert record["message"].startswith(f"{missing}: no such folder"), record
+    text = CliRunner().invoke(main, ["serve", str(missing)])
+    assert text.output.startswith(f"Error: {missing}: no such folder"), text.output
 
 
 def test_server_url_must_be_name_equals_url() -> None:

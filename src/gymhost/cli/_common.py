@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import IO, Any
 
 import click
 
@@ -39,10 +40,20 @@ def overrides(values: tuple[str, ...]) -> dict[str, Any]:
     return {str(key): value for key, value in container.items()}
 
 
+class _JsonError(click.ClickException):
+    """An error said as a record of the ``gymhost`` logger, for a command whose log is JSON lines."""
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        from .._logging import json_line
+
+        click.echo(json_line("gymhost", logging.ERROR, self.format_message()), file=file, err=file is None)
+
+
 @contextmanager
-def one_line_errors() -> Iterator[None]:
-    """gymhost's own errors end the command with one ``Error:`` line, exit status 1."""
+def one_line_errors(log_format: str = "text") -> Iterator[None]:
+    """gymhost's own errors end the command with one ``Error:`` line, exit status 1; under ``--log-format json``,
+    with one JSON record, like every other line of it."""
     try:
         yield
     except GymhostError as error:
-        raise click.ClickException(str(error)) from None
+        raise (_JsonError if log_format == "json" else click.ClickException)(str(error)) from None

@@ -268,7 +268,7 @@ def serve(paths: tuple[str, ...], only: str | None, **options: Any) -> None:
         if value is not None:  # the same way, checked there (``configured_instance_limits``)
             os.environ[INSTANCE_LIMIT_ENV_VARS[field]] = str(value)
     source = click.get_current_context().get_parameter_source("paths")
-    with one_line_errors():
+    with one_line_errors(options["log_format"]):
         configured_instance_limits()  # a size that is not one: said now, not as the first instance starts
         config = _config(paths, only, **options)
         try:
