@@ -351,7 +351,12 @@ class _Start:
             raise
         finally:
             theirs.close()
-        return process, await self.relay(ours)
+        try:
+            return process, await self.relay(ours)
+        except BaseException:  # cancelled, say: a process nobody holds is stopped, not left to its stdin's end
+            ours.close()
+            process.kill()
+            raise
 
     def popen(
         self, arguments: list[str], channel: socket.socket, output: socket.socket, **options: object

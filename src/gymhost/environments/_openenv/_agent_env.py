@@ -125,18 +125,26 @@ class AgentEnvFrameworkApp:
                 stderr=log if theirs is None else theirs.fileno(),
                 env=environment,
             )
-        except OSError as error:
+        except BaseException as error:  # an OSError, or cancelled: nothing of it is left behind
             remove(folder)
             if ours is not None:
                 ours.close()
-            raise StartupError(f"{python}: cannot run agent-env's OpenEnv app: {error}") from None
+            if isinstance(error, OSError):
+                raise StartupError(f"{python}: cannot run agent-env's OpenEnv app: {error}") from None
+            raise
         finally:
             if log is not None:
                 log.close()
             if theirs is not None:
                 theirs.close()
-        output = await relay(ours, bundle.parent.name) if ours is not None else None
-        app = cls(process, folder, bundle, output)
+        app = cls(process, folder, bundle, None)
+        try:
+            app.output = await relay(ours, bundle.parent.name) if ours is not None else None
+        except BaseException:
+            if ours is not None:
+                ours.close()
+            await app.stop()
+            raise
         try:
             await app._ready(timeout)
         except BaseException:
