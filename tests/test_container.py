@@ -416,6 +416,60 @@ async def test_podman_stop_drains_an_open_episode_within_the_grace_period(root: 
         assert container.exit_code() == 0, container.logs()
 
 
+# Run in the image as its user: what a process of the server's user (the model's code a Gym server's verify starts,
+# agent-env's app) can take from each of gymhost's processes: a copy of each descriptor (``pidfd_getfd``: the listening
+# socket, the trainer's connections) and their memory (``/proc/PID/mem``: the signing secret). Also from a process of
+# its own, dumpable as any program it starts, so a look that can copy nothing anywhere cannot pass.
+_SAME_USER_LOOK = """
+import ctypes, json, os, subprocess
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_PIDFD_GETFD = 438
+
+def take(pid):
+    try:
+        open(f"/proc/{pid}/mem", "rb").close()
+        memory = "opened"
+    except OSError as error:
+        memory = error.strerror
+    pidfd = os.pidfd_open(pid)
+    copied = []
+    for fd in range(0, 64):
+        got = libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0)
+        if got >= 0:
+            copied.append(fd)
+            os.close(got)
+    os.close(pidfd)
+    return {"memory": memory, "copied": copied}
+
+own = subprocess.Popen(["sleep", "60"], stdin=subprocess.PIPE)
+found = {"own": take(own.pid)}
+own.kill()
+for pid in [int(name) for name in os.listdir("/proc") if name.isdigit() and int(name) != os.getpid()]:
+    try:
+        words = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    if words[1:3] == [b"/opt/gymhost/bin/gymhost", b"serve"]:
+        found[pid] = take(pid)
+print(json.dumps(found))
+"""
+
+
+def test_code_running_as_the_servers_user_takes_nothing_of_its_processes(gym_root: Path, tmp_path: Path) -> None:
+    """The plain image serving one of Gym's servers by name, as the Deployment runs it (uid 10001, two workers, the
+    default sandbox, which leaves a Gym server's own process unconfined): a process of the same user, as the model's
+    code a verify runs would be, can copy no descriptor of the server's supervisor or workers and cannot open their
+    memory (they are not dumpable); of a process of its own it can."""
+    with running(image(), tmp_path, arguments=(WEATHER,)) as container:
+        done = container.exec("python", "-c", _SAME_USER_LOOK)
+        assert done.returncode == 0, done.stderr
+        found = json.loads(done.stdout)
+        own = found.pop("own")
+        assert (own["memory"], own["copied"][:3]) == ("opened", [0, 1, 2]), own
+        assert len(found) == 3, (found, container.exec("ps", "-ef").stdout)  # the supervisor and its two workers
+        assert all(taken == {"memory": "Permission denied", "copied": []} for taken in found.values()), found
+
+
 @pytest.mark.anyio
 async def test_the_image_confines_a_gym_servers_own_process_as_the_confined_overlay_runs_it(
     gym_root: Path, tmp_path: Path

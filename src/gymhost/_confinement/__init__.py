@@ -13,7 +13,15 @@ from ._choice import confinement, find_bwrap
 from ._environment import PASSED, hosted_environment
 from ._landlock import scratch_of
 from ._limits import LIMIT_KINDS, Limits, Reached, watch
-from ._rules import Rules, drop_privileges, enter_instance, enter_server, enter_template, fork_instance
+from ._rules import (
+    Rules,
+    drop_privileges,
+    enter_instance,
+    enter_server,
+    enter_template,
+    fork_instance,
+    not_dumpable,
+)
 
 __all__ = [
     "DEFAULT_SCRATCH_BYTES",
@@ -32,6 +40,7 @@ __all__ = [
     "find_bwrap",
     "fork_instance",
     "hosted_environment",
+    "not_dumpable",
     "scratch_of",
     "watch",
 ]

@@ -123,11 +123,22 @@ def enter_template(rules: Rules) -> None:
 def enter_server(rules: Rules) -> None:
     """Confine this process as a whole server of hosted code (a Gym server run under ``--sandbox strict``, started in
     its sandbox by ``_serving._confined``), before the server's code is imported: its user dropped, and, since the
-    children it starts on the model's text run as that same user, not dumpable: none may ``ptrace`` it or read its
-    memory or its environment through ``/proc``, where the signing secret and the token are."""
+    children it starts on the model's text run as that same user, not dumpable (``not_dumpable``)."""
     drop_privileges(rules)
     _prctl(_PR_SET_NO_NEW_PRIVS, 1)
-    _prctl(_PR_SET_DUMPABLE, 0)
+    not_dumpable()
+
+
+def not_dumpable() -> None:
+    """This server process not dumpable, confined or not: what it starts for the model runs as its user, and a
+    process of the same user may otherwise ``ptrace`` it, read its memory and environment through ``/proc`` (the
+    signing secret, the token) and copy its descriptors with ``pidfd_getfd`` (its listening socket and the trainer's
+    connections: it could answer a ``/verify`` itself). Root's children keep ``CAP_SYS_PTRACE``, which this does not
+    touch (under ``--sandbox strict`` they are not root). What it costs: the user's own debuggers and profilers
+    (py-spy, gdb) reach the server only as root. The programs it starts are dumpable again (``execve``). Linux's
+    alone: elsewhere nothing is done."""
+    if sys.platform == "linux":
+        _prctl(_PR_SET_DUMPABLE, 0)
 
 
 def fork_instance(rules: Rules, scratch: str = "") -> tuple[int, int]:

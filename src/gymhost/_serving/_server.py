@@ -112,10 +112,12 @@ class Server:
 
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT (a first one drains, a second stops at once)."""
+        from .._confinement import not_dumpable
         from .._sessions._identity import process_state
         from .._sessions._signing import describe_secret
         from ._confined import confined_server, exit_as, serve_confined
 
+        not_dumpable()  # before it holds the secret or a socket: what it runs for the model is its user
         config = self.config
         target = self._resolve()
         parent = take_parent_pid()
@@ -169,9 +171,11 @@ class Server:
         what to serve resolved and a folder's requirements checked, the open-files limit raised, this replica's
         identity set, the app built, the folder entered. That server binds, accepts and stops it; what ``run`` adds
         around it (gymhost's accept loop, the drain, workers) is ``gymhost serve``'s alone."""
+        from .._confinement import not_dumpable
         from ._accepting import raise_open_files_limit
         from ._confined import confined_server
 
+        not_dumpable()  # as ``run``: the ASGI server's process serves what this builds
         target = self._resolve()
         if confined_server(target, self.config) is not None:
             raise ConfinementError(
