@@ -67,12 +67,21 @@ async def test_top_shows_episodes_seeds_calls_latency_verdicts_and_the_pool(fold
             assert (await done.verify(row))["reward"] == 1.0
         async with EpisodeClient(server.url, token=TOKEN) as held:
             await held.seed(row)
-            reading = asyncio.create_task(asyncio.to_thread(top, server.url, count=2))
-            while not reading.done():  # seeds and tool calls throughout both of top's readings
-                async with EpisodeClient(server.url, token=TOKEN) as brief:
-                    await brief.seed(row)
-                    await brief.post("/close_session", {})
-                await held.call_tool("increment", {"by": 0})
+            reading = asyncio.create_task(asyncio.to_thread(top, server.url, count=2, interval=1.0))
+
+            async def seeding() -> None:
+                while not reading.done():
+                    async with EpisodeClient(server.url, token=TOKEN) as brief:
+                        await brief.seed(row)
+                        await brief.post("/close_session", {})
+
+            async def calling() -> None:
+                while not reading.done():
+                    await held.call_tool("increment", {"by": 0})
+
+            # Seeds and tool calls throughout both of top's readings, each kept going on its own: one after the
+            # other, a busy machine's slow seed once left a second between readings without a call.
+            await asyncio.gather(seeding(), calling())
             first, second = await reading
         assert first["state"] == second["state"] == "ready"
         assert (first["seeds/s"], first["calls/s"]) == ("-", "-"), "no rate before a second reading"
