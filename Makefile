@@ -57,7 +57,7 @@ new_venv = rm -rf $(1) && $(UV) venv --quiet --python $(2) $(1)
 # uv_install DIR ARGS: uv pip install ARGS into the venv at DIR.
 uv_install = $(UV) pip install --quiet --python $(1)/bin/python
 
-.PHONY: test test-tiers test-gym-tiers check venvs system-packages test-lowest test-replay-gym04 test-replay-gym07 test-replay-image test-verifiers-gym04 test-verifiers-gym07 lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-startup bench-request-profile bench-layers bench-process-mode bench-confinement bench-namespaces bench-confined-server clean check-pythons check-py312 check-py313
+.PHONY: test test-tiers check venvs system-packages test-lowest test-replay-gym04 test-replay-gym07 test-replay-image test-verifiers-gym04 test-verifiers-gym07 lint typecheck docs image image-base test-wheel test-container test-manifests test-unit test-gym04 test-gym07 test-replay test-soak test-cluster test-verifiers demo schema bench bench-quick bench-load bench-workers bench-written bench-cold-start bench-image bench-hypercorn bench-request-path bench-startup bench-request-profile bench-layers bench-process-mode bench-confinement bench-namespaces bench-confined-server clean check-pythons check-py312 check-py313
 
 check-py312:
 	@test -n "$(PY312)" || { echo "make: python3.12 not found (set PY312=/path/to/python3.12)"; exit 1; }
@@ -282,7 +282,7 @@ test-container: image .venv-gym07/.installed .venv-verifiers/.installed
 # lends its cores to another. The whole run writes its temporary files in one folder (TMPDIR), which it removes at the
 # end, after killing and naming any process it started that is still running (tests/tiers/leftovers.py); it ends
 # with each tier's wall and CPU time (tests/tiers/timed.py).
-TEST_JOBS ?= 3
+TEST_JOBS ?= 2
 SYSTEM_PACKAGES := ss=iproute2 ip=iproute2 haproxy=haproxy node=nodejs npm=npm $(CONTAINER_TOOLS)
 system-packages:
 	@$(NEED) $(SYSTEM_PACKAGES)
@@ -296,17 +296,13 @@ test: | check-pythons
 	echo "make test: $$(( ($$(date +%s) - started) / 60 )) min $$(( ($$(date +%s) - started) % 60 )) s in all"; \
 	$(TIMED) --table; exit $$status
 
-# make starts them in this order as slots free, three at a time: the two nemo_gym tiers one after the other in one
-# slot (test-gym-tiers), since each keeps both cores busy and together they only contend, and beside them, two at a
-# time, the tiers that mostly wait (the soak's idle timeouts, the replays' venv builds, vf-eval's starts, the image's
-# downloads), which leave the cores to them. Two at a time, the nemo_gym tiers far apart, left a quarter of the two
-# cores idle; three at a time with the nemo_gym tiers together was no faster (docs/architecture.md). make test's
-# closing table says when each tier began and how long it took.
-test-tiers: test-gym-tiers test-soak test-replay-gym07 test-container test-verifiers-gym07 test-replay-gym04 \
-	test-verifiers-gym04 test-cluster test-replay-image test-lowest test-unit test-wheel typecheck test-manifests lint docs
-test-gym-tiers:
-	$(MAKE) --no-print-directory test-gym07
-	$(MAKE) --no-print-directory test-gym04
+# make starts them in this order as slots free: the two nemo_gym tiers, which keep both cores busy, far apart, each
+# beside tiers that mostly wait (the image's downloads, the soak's idle timeouts, the replay's venv builds).
+# Three at a time, the two nemo_gym tiers together, was no faster: 30:50 against 30:44, with 2 CPU-minutes more
+# spent on contention, nor were other layouts (docs/architecture.md). make test's closing table says when each tier
+# began and how long it took.
+test-tiers: test-gym07 test-container test-soak test-replay-gym07 test-verifiers-gym07 test-gym04 test-replay-gym04 \
+	test-verifiers-gym04 test-replay-image test-cluster test-lowest test-unit test-wheel typecheck test-manifests lint docs
 
 # The task format's JSON Schema is generated from its models; a unit test keeps the committed file current.
 schema: .venv/.installed
