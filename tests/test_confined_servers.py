@@ -189,19 +189,35 @@ def test_strict_under_an_asgi_server_refuses_a_gym_server(tmp_path: Path) -> Non
     assert "--sandbox strict: runner is a Gym server, whose own process only gymhost serve confines" in done.stderr
 
 
+def test_a_confined_server_that_fails_to_build_says_why_in_one_record(tmp_path: Path) -> None:
+    """An error inside the sandbox ends the server as one outside does: one line (here a JSON record), no traceback."""
+    broken = make_folder(
+        tmp_path, name="broken", config=CONFIG.format(key="broken", name="broken"), app="raise RuntimeError('broken')\n"
+    )
+    done = run_to_completion(
+        gymhost_command("serve", str(broken), "--port", "0", "--sandbox", "strict", "--log-format", "json")
+    )
+    assert done.returncode == 1, done
+    assert "Traceback" not in done.stderr, done.stderr
+    last = json.loads(done.stderr.strip().splitlines()[-1])
+    assert (last["level"], last["logger"]) == ("ERROR", "gymhost"), last
+    assert last["message"].endswith("app.py: importing it failed: RuntimeError('broken')"), last
+
+
 async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in_a_process_of_its_own(
     tmp_path: Path,
 ) -> None:
     """A template cannot confine its instances from inside a sandbox, so a gateway holding a written folder is not
     confined as a whole: its Gym servers are, each in a process of its own behind it, and the gateway's /metrics
-    still counts their sessions."""
+    still counts their sessions. Under ``--log-format json`` every line is JSON, those processes' own too."""
     root = tmp_path / "root"
     bundle = make_bundle(tmp_path / "bundles")
     written = (await awrite_folder(str(bundle), root, instances=1, mode="process")).path
     make_folder(
         root / "resources_servers", name="runner", config=CONFIG.format(key="runner", name="runner"), app=RUNNER
     )
-    with serving(gymhost_command("serve", str(root), "--port", "0", "--sandbox", "strict")) as server:
+    command = gymhost_command("serve", str(root), "--port", "0", "--sandbox", "strict", "--log-format", "json")
+    with serving(command) as server:
         async with EpisodeClient(f"{server.url}/{written.name}") as episode:
             await episode.seed(rows(written)[0])
             assert (await episode.call_tool("increment", {"by": 2})).ok
@@ -216,8 +232,10 @@ async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in
         uid, processes = map(int, answer.json()["printed"].split())
         assert uid != 0, answer.text
         assert processes <= 4, answer.text  # in the runner's own sandbox
-    assert server.output.count("its own code runs confined: bubblewrap") == 1, server.output
-    assert "hosted code confinement: namespaces" in server.output, server.output  # the written folder's instances
+    messages = [json.loads(line)["message"] for line in server.lines]
+    assert sum("its own code runs confined: bubblewrap" in said for said in messages) == 1, server.output
+    assert any("hosted code confinement: namespaces" in said for said in messages), server.output  # its instances
+    assert any(said.startswith("serving runner at ") for said in messages), "the runner's process said it is serving"
     refused = run_to_completion(
         gymhost_command("serve", str(root), "--port", "0", "--sandbox", "strict", "--workers", "2")
     )

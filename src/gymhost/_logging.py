@@ -19,7 +19,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["JsonFormatter", "RateLimitedWarning", "fastmcp_leaves_logging_alone", "json_line", "logging_config"]
+__all__ = [
+    "JsonFormatter",
+    "RateLimitedWarning",
+    "error_line",
+    "fastmcp_leaves_logging_alone",
+    "json_line",
+    "logging_config",
+]
 
 
 _FASTMCP_LOGGING = "mcp.server.fastmcp.utilities.logging"  # its configure_logging calls basicConfig
@@ -73,6 +80,11 @@ def json_line(logger: str, level: int, message: str) -> str:
     """A line written outside logging (what ``gymhost serve`` says as it starts, said before and after its logging
     is configured) as the record ``JsonFormatter`` makes of it: under ``--log-format json`` every line is JSON."""
     return JsonFormatter().format(logging.LogRecord(logger, level, __file__, 0, message, None, None))
+
+
+def error_line(message: str, log_format: str) -> str:
+    """The line a command that fails ends with: click's ``Error: ...``, or under ``--log-format json`` a record."""
+    return json_line("gymhost", logging.ERROR, message) if log_format == "json" else f"Error: {message}"
 
 
 def logging_config(log_format: str, level: str) -> dict[str, Any]:

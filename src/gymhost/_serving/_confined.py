@@ -227,6 +227,8 @@ def main(argv: Sequence[str]) -> None:
     global inside
     from .._config import hand_secrets, take_secrets
     from .._confinement import enter_server
+    from .._exceptions import GymhostError
+    from .._logging import error_line
     from ._server import Server
 
     with os.fdopen(int(argv[0]), "rb") as pipe:
@@ -237,7 +239,11 @@ def main(argv: Sequence[str]) -> None:
     inside = True
     server = Server(config)
     server._secret = secret_line  # the supervisor's words: where the secret is kept is out of sight in here
-    server.run()
+    try:
+        server.run()
+    except GymhostError as error:  # said as gymhost serve says its errors, not as a traceback; the supervisor exits so
+        print(error_line(str(error), config.log_format), file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

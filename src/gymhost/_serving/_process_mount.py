@@ -159,6 +159,7 @@ class ProcessMount:
             self._socket.unlink()
         command = [str(self.python), "-m", "gymhost", "serve", str(self.folder), "--uds", str(self._socket)]
         command += ["--root-path", self.prefix, "--log-level", self.config.log_level]
+        command += ["--log-format", self.config.log_format]  # its lines as the gateway's: JSON among JSON
         command += ["--drain-timeout", str(self.config.drain_timeout)]
         command += ["--graceful-timeout", str(self.config.graceful_timeout)]
         command += ["--masked-verdicts", self.masked_verdicts]

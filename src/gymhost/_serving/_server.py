@@ -113,12 +113,15 @@ class Server:
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT (a first one drains, a second stops at once)."""
         from .._confinement import not_dumpable
+        from .._logging import logging_config
         from .._sessions._identity import process_state
         from .._sessions._signing import describe_secret
         from ._confined import confined_server, exit_as, serve_confined
 
         not_dumpable()  # before it holds the secret or a socket: what it runs for the model is its user
         config = self.config
+        # What every step logs (a venv's build, the env.yaml the build reads) is said as serving will say it.
+        logging.config.dictConfig(logging_config(config.log_format, config.log_level))
         target = self._resolve()
         parent = take_parent_pid()
         if parent is not None:  # another gymhost process started this one (a gateway's process mount): die with it
@@ -266,13 +269,10 @@ class Server:
     # -- building and serving ----------------------------------------------------------------------------------------
 
     def _serve(self, target: Target, sock: socket.socket, workers_folder: Path | None) -> None:
-        from .._logging import logging_config
         from ._run import held_collection, run_app, url_of
         from ._workers import serve_workers
 
         config = self.config
-        # What building the app logs (the env.yaml it read, say) is said as serving will say it.
-        logging.config.dictConfig(logging_config(config.log_format, config.log_level))
         # A written folder's hosted code starts as the app is built (``_early``); each worker's after its fork.
         early = target.folder if workers_folder is None else None
         try:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import IO, Any
@@ -44,9 +43,9 @@ class _JsonError(click.ClickException):
     """An error said as a record of the ``gymhost`` logger, for a command whose log is JSON lines."""
 
     def show(self, file: IO[Any] | None = None) -> None:
-        from .._logging import json_line
+        from .._logging import error_line
 
-        click.echo(json_line("gymhost", logging.ERROR, self.format_message()), file=file, err=file is None)
+        click.echo(error_line(self.format_message(), "json"), file=file, err=file is None)
 
 
 @contextmanager
