@@ -366,7 +366,9 @@ def tree_rss_mb(pid: int) -> float:
             for line in Path(f"/proc/{member}/smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):
                     total += int(line.split()[1]) / 1024
-        except OSError:
+        except PermissionError:  # a server is not dumpable: only root reads its memory map
+            raise SystemExit(f"loadgen: /proc/{member}/smaps_rollup: run the benchmarks as root") from None
+        except OSError:  # gone meanwhile
             continue
     return total
 

@@ -1117,6 +1117,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.baseline and args.only != "cold_start":
         parser.error("--baseline goes with --only cold_start")
+    if os.geteuid() != 0:  # the servers are not dumpable: their memory maps and descriptors are root's to read
+        parser.error("run the benchmarks as root: they read the servers' /proc files (smaps_rollup, fd)")
     if args.only:
         alone: dict[str, Any] = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                                  "machine": machine(), "quick": args.quick}  # fmt: skip

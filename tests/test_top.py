@@ -81,7 +81,9 @@ async def test_top_shows_episodes_seeds_calls_latency_verdicts_and_the_pool(fold
 
             # Seeds and tool calls throughout both of top's readings, each kept going on its own: one after the
             # other, a busy machine's slow seed once left a second between readings without a call.
-            await asyncio.gather(seeding(), calling())
+            async with asyncio.TaskGroup() as both:
+                both.create_task(seeding())
+                both.create_task(calling())
             first, second = await reading
         assert first["state"] == second["state"] == "ready"
         assert (first["seeds/s"], first["calls/s"]) == ("-", "-"), "no rate before a second reading"

@@ -355,7 +355,8 @@ class _Start:
             return process, await self.relay(ours)
         except BaseException:  # cancelled, say: a process nobody holds is stopped, not left to its stdin's end
             ours.close()
-            process.kill()
+            with contextlib.suppress(ProcessLookupError):  # gone already
+                process.kill()
             raise
 
     def popen(
