@@ -113,15 +113,12 @@ class Server:
     def run(self) -> None:
         """Serve until SIGTERM or SIGINT (a first one drains, a second stops at once)."""
         from .._confinement import not_dumpable
-        from .._logging import logging_config
         from .._sessions._identity import process_state
         from .._sessions._signing import describe_secret
         from ._confined import confined_server, exit_as, serve_confined
 
         not_dumpable()  # before it holds the secret or a socket: what it runs for the model is its user
         config = self.config
-        # What every step logs (a venv's build, the env.yaml the build reads) is said as serving will say it.
-        logging.config.dictConfig(logging_config(config.log_format, config.log_level))
         target = self._resolve()
         parent = take_parent_pid()
         if parent is not None:  # another gymhost process started this one (a gateway's process mount): die with it
@@ -221,6 +218,7 @@ class Server:
         from .._nemo_gym import require_nemo_gym
 
         require_nemo_gym()  # its version is the venv's
+        self._configure_logging()  # the build's warnings, said as serving will say them
         python = folder_venv(folder)
         arguments = [argument for argument in sys.argv[1:] if argument != "--venv"]
         # This command, from the folder's venv, with the secret settings this process took out of its environment.
@@ -239,6 +237,13 @@ class Server:
             share_metrics(folder)
             return folder
         return None
+
+    def _configure_logging(self) -> None:
+        """``gymhost serve``'s logging (``--log-format``, ``--log-level``), once it is past the checks that end a
+        start at once: not for ``load``, whose ASGI server configures its own."""
+        from .._logging import logging_config
+
+        logging.config.dictConfig(logging_config(self.config.log_format, self.config.log_level))
 
     def _bind(self) -> socket.socket:
         from ._run import bind_socket, bind_unix_socket, inherited_socket
@@ -273,6 +278,7 @@ class Server:
         from ._workers import serve_workers
 
         config = self.config
+        self._configure_logging()  # what building the app logs (the env.yaml it read, say), as serving will say it
         # A written folder's hosted code starts as the app is built (``_early``); each worker's after its fork.
         early = target.folder if workers_folder is None else None
         try:
