@@ -8,8 +8,8 @@ the price of freshness stands apart from the price of confinement. In one run:
 - tool calls: 64 concurrent episodes of 40 tool calls on a pool grown to 64 (`run.sixty_four`), in interleaved
   rounds (`run.in_turn`); each server's median round, and the median of the rounds' ratios (confined against
   unconfined; fresh against reused, both confined);
-- a cold batch: 256 think-time episodes at once on a fresh default pool (4 instances up), on fresh servers in
-  interleaved rounds; the round with the median seed p99 of each;
+- a cold batch: 256 think-time episodes at once on an idle default pool (4 instances up, ``run.idle_pool``), on
+  fresh servers in interleaved rounds; the round with the median seed p99 of each;
 - 40 instance starts each way by the launcher the pool uses, one after another, the two ways in turn (each on a
   template of its own, settled first): wall time a start (median, p99 of the 40),
   the CPU of each process a start, and an idle instance's proportional set size.
@@ -72,6 +72,7 @@ def measure(rounds: int, batch_rounds: int, episodes: int) -> dict[str, Any]:
                 port = run.free_port()
                 url = f"http://127.0.0.1:{port}"
                 with run.server(run.gymhost_serve(folder, port), url, env=_env(sandbox)) as process:
+                    run.idle_pool(url)
                     think = run.loadgen("think", url, rows, "--pid", str(process.pid), "--episodes", str(episodes),
                                         "--think", "0.5", "--calls", "4")  # fmt: skip
                 batches[sandbox].append(think)
@@ -121,7 +122,7 @@ def _ratios(rounds: list[float]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of tool calls")
-    parser.add_argument("--batch-rounds", type=int, default=3, help="interleaved cold batches")
+    parser.add_argument("--batch-rounds", type=int, default=7, help="interleaved cold batches")
     parser.add_argument("--episodes", type=int, default=256, help="think-time episodes in a cold batch")
     given = parser.parse_args()
     run.write_section("confinement", lambda: measure(given.rounds, given.batch_rounds, given.episodes))

@@ -488,7 +488,8 @@ def confinement_tables(out: dict[str, Any], source: str) -> str:
     lines = [
         f"gridsim written with default options (process mode), confined and not (raw numbers: [{source}]({source})):"
         f" 64 concurrent episodes of 40 tool calls, each server's median of {out['rounds']} interleaved rounds;"
-        f" {out['episodes']} think-time episodes at once on a fresh default pool, the median of"
+        f" {out['episodes']} think-time episodes at once on an idle default pool (ready, then a second without a"
+        f" spawn: `run.idle_pool`), the median of"
         f" {out['batch_rounds']} interleaved rounds; 40 instance starts one after another{_in_turn(out)}.",
         "",
         "| | confined (`--sandbox strict`) | unconfined (`--sandbox off`) | ratio | target |",
@@ -557,7 +558,8 @@ def cold_start_tables(out: dict[str, Any], source: str) -> str:
     each, once = out["construct_each"], out["construct_once"]
     p99 = once["think_time"]["seed"].get("p99_ms") or float("inf")  # no seed answered: no p99, and missed
     lines = [
-        f"{out['episodes']} think-time episodes at once on a fresh default pool (process mode, 4 instances up), the"
+        f"{out['episodes']} think-time episodes at once on an idle default pool (process mode, 4 instances up, a second"
+        f" idle: `run.idle_pool`), the"
         f" round with the median seed p99 of {out['rounds']} interleaved rounds; then 40 instance starts one after"
         f" another (raw numbers: [{source}]({source})). Seed p99 <= 2 s: {'met' if p99 <= 2000 else 'missed'}"
         f" ({p99 / 1000:.2f} s; {out['p99_once_vs_each']}x the p99 with each instance constructing its own).",

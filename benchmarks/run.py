@@ -74,6 +74,23 @@ def in_turn[K, V](items: Mapping[K, V], round_number: int) -> list[tuple[K, V]]:
     return pairs[shift:] + pairs[:shift]
 
 
+IDLE_S = 1.0  # a pool this long without a spawn has settled: its template does once none comes for a tenth of one
+
+
+def idle_pool(url: str) -> None:
+    """Until the written server at ``url`` is ready (``/readyz``: its pool's minimum of instances serving), then idle
+    for ``IDLE_S``: a pool as a batch finds it between a training run's waves, its template settled (rehearsed and
+    made immortal, ``_template._settle``). A batch sent as soon as the server answers at all (until 2026-12-07) met
+    a pool still starting its minimum and a template not settled, whose spawns waited on that: more so confined,
+    under bubblewrap, so it counted part of a start-up as the batch's."""
+    deadline = time.monotonic() + 60
+    while httpx.get(url + "/readyz", timeout=2).status_code != 200:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} is not ready")
+        time.sleep(0.05)
+    time.sleep(IDLE_S)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -487,6 +504,7 @@ def scale(root: Path, quick: bool) -> dict[str, Any]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with server(gymhost_serve(folder, port), url) as process:
+        idle_pool(url)
         out["think_time"] = loadgen("think", url, rows, "--pid", str(process.pid), "--episodes", str(episodes),
                                     "--think", "0.5", "--calls", "4")  # fmt: skip
         think = out["think_time"]
@@ -516,6 +534,7 @@ def scale(root: Path, quick: bool) -> dict[str, Any]:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         with server(gymhost_serve(folder, port), url):
+            idle_pool(url)
             result = loadgen("burst", url, str(folder / "data" / "eval.jsonl"), "--seeds", str(burst))
         out[f"cold_burst_{mode.replace('-', '_')}"] = result
         print(f"  cold burst, {mode}: {result['seeded']}/{burst} seeded, last after {result['last_seed_s']} s")
@@ -523,11 +542,11 @@ def scale(root: Path, quick: bool) -> dict[str, Any]:
 
 
 def cold_start(root: Path, quick: bool, baseline: str | None = None) -> dict[str, Any]:
-    """A cold training batch on the default pool (process mode, 4 instances up), with instances forked from one
-    environment the template constructed (``source.construct_once``, the default) against each instance constructing
-    its own (``false``, as before), and, given a ``baseline`` revision, against that revision's default: 256
-    think-time episodes at once, in interleaved rounds on fresh servers, the round with the median seed p99 of each;
-    and 40 starts one after another by this checkout's launcher, with the CPU of each process a start."""
+    """A cold training batch on an idle default pool (process mode, 4 instances up: ``idle_pool``), with instances
+    forked from one environment the template constructed (``source.construct_once``, the default) against each
+    instance constructing its own (``false``, as before), and, given a ``baseline`` revision, against that revision's
+    default: 256 think-time episodes at once, in interleaved rounds on fresh servers, the round with the median seed
+    p99 of each; and 40 starts one after another by this checkout's launcher, with the CPU of each process a start."""
     episodes, rounds = (64, 1) if quick else (256, 3)
     folder = write_gridsim(root / "cold", instances=None, mode="process")
     rows = str(folder / "data" / "eval.jsonl")
@@ -545,6 +564,7 @@ def cold_start(root: Path, quick: bool, baseline: str | None = None) -> dict[str
             port = free_port()
             url = f"http://127.0.0.1:{port}"
             with server(gymhost_serve(folder, port, *settings), url, env=environment) as process:
+                idle_pool(url)
                 before, machine = _cpu_and_faults(process.pid), machine_cpu_s()
                 think = loadgen("think", url, rows, "--pid", str(process.pid), "--episodes", str(episodes),
                                 "--think", "0.5", "--calls", "4")  # fmt: skip

@@ -88,6 +88,13 @@ REACH_ENV = COUNTER_ENV.replace(
             "listening": [name for fd in descriptors if (name := listening_on(fd)) is not None],
             "output copies": [fd for fd in descriptors if fd > 2 and same_file(fd, 2)],
             "uid": os.getuid(),
+            # Its capabilities, each set (effective, permitted, bounding...) as /proc says: with any, it could undo
+            # its mounts in its namespaces, or, as root, get past file permissions.
+            "capabilities": {
+                line.split(":")[0]: int(line.split()[1], 16)
+                for line in open("/proc/self/status")
+                if line.startswith("Cap")
+            },
             "shadow": attempt(lambda: open("/etc/shadow").read()),
             "bundle": attempt(lambda: write_in(bundle)),
             "venv": attempt(lambda: write_in(venv)),
@@ -111,6 +118,9 @@ REACH_ENV = COUNTER_ENV.replace(
 
     @tool(name="stall")''',
 ).replace("{TOOL}", "increment")
+
+# The capability sets /proc/PID/status shows.
+CAPABILITY_SETS = ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
 
 # A site-packages folder of the server's own venv: hosted code must not replace the server's code there.
 VENV_PACKAGES = str(Path(pytest.__file__).parent.parent)
@@ -171,6 +181,7 @@ async def test_a_confined_instance_reaches_nothing_beyond_its_scratch(tmp_path: 
     assert "hosted code confinement: namespaces" in output, output
     assert (reached["pool says"], reached["metric says"]) == ("namespaces", ["namespaces"]), reached
     assert reached["uid"] != 0, reached  # the server runs as root; its hosted code does not
+    assert reached["capabilities"] == dict.fromkeys(CAPABILITY_SETS, 0), reached
     assert reached["shadow"] == "Permission denied", reached
     assert reached["bundle"] == "Read-only file system", reached
     assert reached["venv"] in ("Read-only file system", "Permission denied"), reached
@@ -197,6 +208,7 @@ async def test_without_namespaces_landlock_and_seccomp_keep_an_instance_to_its_s
     assert "restricted by Landlock and seccomp" in output, output
     assert (reached["pool says"], reached["metric says"]) == ("landlock", ["landlock"]), reached
     assert reached["shadow"] == "Permission denied", reached  # not readable by all: not in its sight, even as root
+    assert reached["capabilities"] == dict.fromkeys(CAPABILITY_SETS, 0), reached
     assert reached["bundle"] == "Permission denied", reached
     assert reached["venv"] == "Permission denied", reached
     assert reached["tasks"] == "Permission denied", reached
@@ -242,6 +254,7 @@ async def test_sandbox_off_leaves_the_same_instance_the_servers_reach(tmp_path: 
         assert reached[attempt] == "done", (attempt, reached)
     if os.getuid() == 0:
         assert reached["shadow"] == "done", reached
+        assert reached["capabilities"]["CapEff"] != 0, reached  # root's, as the server has them
     assert reached["server"] == "done", reached
     assert reached["parent"] in reached["others"], reached
     assert_holds_nothing_of_its_servers(reached)  # not the sandbox's doing: what it is handed, at any level
