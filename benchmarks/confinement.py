@@ -121,7 +121,7 @@ def _ratios(rounds: list[float]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of tool calls")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of tool calls")
     parser.add_argument("--batch-rounds", type=int, default=7, help="interleaved cold batches")
     parser.add_argument("--episodes", type=int, default=256, help="think-time episodes in a cold batch")
     given = parser.parse_args()

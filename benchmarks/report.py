@@ -488,8 +488,8 @@ def confinement_tables(out: dict[str, Any], source: str) -> str:
     lines = [
         f"gridsim written with default options (process mode), confined and not (raw numbers: [{source}]({source})):"
         f" 64 concurrent episodes of 40 tool calls, each server's median of {out['rounds']} interleaved rounds;"
-        f" {out['episodes']} think-time episodes at once on an idle default pool (ready, then a second without a"
-        f" spawn: `run.idle_pool`), the median of"
+        f" {out['episodes']} think-time episodes at once on an idle default pool (ready, then sent nothing for a"
+        f" second: `run.idle_pool`), the median of"
         f" {out['batch_rounds']} interleaved rounds; 40 instance starts one after another{_in_turn(out)}.",
         "",
         "| | confined (`--sandbox strict`) | unconfined (`--sandbox off`) | ratio | target |",

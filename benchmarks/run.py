@@ -74,17 +74,19 @@ def in_turn[K, V](items: Mapping[K, V], round_number: int) -> list[tuple[K, V]]:
     return pairs[shift:] + pairs[:shift]
 
 
-IDLE_S = 1.0  # a pool this long without a spawn has settled: its template does once none comes for a tenth of one
+IDLE_S = 1.0  # a pool sent nothing for this long has settled: its template does once nothing comes for a tenth of one
 
 
 def idle_pool(url: str) -> None:
-    """Until the written server at ``url`` is ready (``/readyz``: its pool's minimum of instances serving), then idle
-    for ``IDLE_S``: a pool as a batch finds it between a training run's waves, its template settled (rehearsed and
-    made immortal, ``_template._settle``). A batch sent as soon as the server answers at all (until 2026-12-07) met
-    a pool still starting its minimum and a template not settled, whose spawns waited on that: more so confined,
-    under bubblewrap, so it counted part of a start-up as the batch's."""
+    """Until the written server at ``url`` is ready (``/readyz``: its pool's minimum of instances serving), then sent
+    nothing for ``IDLE_S``: a pool as a batch finds it between a training run's waves, its template settled
+    (rehearsed and made immortal, ``_template._settle``, once nothing has come for a tenth of a second). Until
+    2026-12-07 a batch was sent as soon as the server answered at all, when the template could still be settling."""
     deadline = time.monotonic() + 60
-    while httpx.get(url + "/readyz", timeout=2).status_code != 200:
+    while True:
+        with contextlib.suppress(httpx.TransportError):  # busy starting its minimum: asked again
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                break
         if time.monotonic() > deadline:
             raise RuntimeError(f"{url} is not ready")
         time.sleep(0.05)

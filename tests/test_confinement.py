@@ -80,6 +80,10 @@ REACH_ENV = COUNTER_ENV.replace(
                 return False
             return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
 
+        def capabilities() -> dict[str, int]:
+            with open("/proc/self/status") as status:
+                return {line.split(":")[0]: int(line.split()[1], 16) for line in status if line.startswith("Cap")}
+
         descriptors = [int(name) for name in os.listdir("/proc/self/fd")]
         bundle = os.path.dirname(os.path.abspath(__file__))
         return {
@@ -90,11 +94,7 @@ REACH_ENV = COUNTER_ENV.replace(
             "uid": os.getuid(),
             # Its capabilities, each set (effective, permitted, bounding...) as /proc says: with any, it could undo
             # its mounts in its namespaces, or, as root, get past file permissions.
-            "capabilities": {
-                line.split(":")[0]: int(line.split()[1], 16)
-                for line in open("/proc/self/status")
-                if line.startswith("Cap")
-            },
+            "capabilities": capabilities(),
             "shadow": attempt(lambda: open("/etc/shadow").read()),
             "bundle": attempt(lambda: write_in(bundle)),
             "venv": attempt(lambda: write_in(venv)),

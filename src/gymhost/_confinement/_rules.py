@@ -165,7 +165,7 @@ def fork_instance(rules: Rules, scratch: str = "") -> tuple[int, int]:
         return pid, pidfd
     try:
         os.close(parent)
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _libc_prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if select.select([parent_alive], [], [], 0)[0]:  # the parent died before that took effect
             os._exit(1)
         os.close(parent_alive)  # the kernel's signal is set: the pipe has told what it could
@@ -278,11 +278,11 @@ def _parent_pipe() -> tuple[int, int]:
 def _loopback_up() -> None:
     """Its network namespace's loopback, up (a new one starts down): code that serves and calls itself on
     localhost, a database an environment starts, works as it does outside."""
-    fd = _libc.socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 0)
+    fd = _socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 0)
     if fd < 0:
         _raise("socket")
     try:
-        if _libc.ioctl(fd, _SIOCSIFFLAGS_ARGUMENT, _LOOPBACK_UP) != 0:
+        if _ioctl(fd, _SIOCSIFFLAGS_ARGUMENT, _LOOPBACK_UP) != 0:
             _raise("the loopback up")
     finally:
         os.close(fd)
@@ -362,38 +362,41 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-# Made once, in the template, for every instance it forks. A new instance that makes its first Python socket, ctypes
-# structure or text file copies each page of the template's that this first use writes: a third of its confinement's
-# CPU, until it called the C library with these (benchmarks/README.md, "Confined process instances").
-_NO_CAPABILITIES = (_CapHeader(_CAPABILITY_VERSION_3, 0), (_CapData * 2)())
-_LOOPBACK_UP = ctypes.create_string_buffer(struct.pack("16sH14x", b"lo", _IFF_UP | _IFF_LOOPBACK | _IFF_RUNNING))
+# Made once, in the template, for every instance it forks: the C library's functions looked up, and what they are
+# given. A new instance that makes its first Python socket, ctypes object or text file copies each page of the
+# template's that this first use writes: a third of its confinement's CPU, until it called the C library with these
+# (benchmarks/README.md, "Confined process instances").
+_NO_CAPABILITIES = (ctypes.byref(_CapHeader(_CAPABILITY_VERSION_3, 0)), (_CapData * 2)())
+# A ``struct ifreq`` (40 bytes on 64-bit Linux, all of which the kernel copies in): the name and the flags, zeros after.
+_LOOPBACK_UP = ctypes.create_string_buffer(struct.pack("16sH22x", b"lo", _IFF_UP | _IFF_LOOPBACK | _IFF_RUNNING))
 _SIOCSIFFLAGS_ARGUMENT = ctypes.c_ulong(_SIOCSIFFLAGS)
+_socket, _ioctl, _capset, _libc_mount, _libc_prctl = _libc.socket, _libc.ioctl, _libc.capset, _libc.mount, _libc.prctl
 
 
 def _drop_capabilities() -> None:
     """None left, and none to gain back: the namespaces' own capabilities would let hosted code undo its mounts."""
     cap = 0
-    while _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
+    while _libc_prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
         cap += 1
     header, data = _NO_CAPABILITIES
-    if _libc.capset(ctypes.byref(header), data) != 0:
+    if _capset(header, data) != 0:
         _raise("capset")
 
 
 def _mount(source: str, target: str, kind: str, flags: int, data: str | None) -> None:
-    if _libc.mount(source.encode(), target.encode(), kind.encode(), flags, data.encode() if data else None) != 0:
+    if _libc_mount(source.encode(), target.encode(), kind.encode(), flags, data.encode() if data else None) != 0:
         _raise(f"mount {target}")
 
 
 def _prctl(option: int, value: int) -> None:
-    if _libc.prctl(option, value, 0, 0, 0) != 0:
+    if _libc_prctl(option, value, 0, 0, 0) != 0:
         _raise(f"prctl {option}")
 
 
 def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    fd = os.open(path, os.O_WRONLY)
     try:
-        os.write(fd, text.encode())
+        os.write(fd, text.encode())  # one write: a map of /proc is taken whole or refused
     finally:
         os.close(fd)
 
