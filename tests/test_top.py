@@ -94,7 +94,7 @@ async def test_top_shows_episodes_seeds_calls_latency_verdicts_and_the_pool(fold
         assert int(second["open"]) >= 1  # the held episode, and maybe a brief one
         assert second["masked"] == "0/1"
         assert "leased:" in second["pool"]
-        assert second["waiting"] == "0"
+        assert second["waiting"] in ("0", "1")  # one seed at a time, which may be waiting for its instance's start
         assert second["stops"] == "-"
         without_token = top(server.url, token=None)[0]
         assert without_token["state"] == "ready, /metrics refused (401: give --token)"
