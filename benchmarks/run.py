@@ -82,15 +82,23 @@ def idle_pool(url: str) -> None:
     nothing for ``IDLE_S``: a pool as a batch finds it between a training run's waves, its template settled
     (rehearsed and made immortal, ``_template._settle``, once nothing has come for a tenth of a second). Until
     2026-12-07 a batch was sent as soon as the server answered at all, when the template could still be settling."""
-    deadline = time.monotonic() + 60
-    while True:
-        with contextlib.suppress(httpx.TransportError):  # busy starting its minimum: asked again
-            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                break
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{url} is not ready")
-        time.sleep(0.05)
+    if not _answers(url + "/readyz", 60, every_s=0.05):
+        raise RuntimeError(f"{url} is not ready")
     time.sleep(IDLE_S)
+
+
+def _answers(url: str, within_s: float, *, every_s: float, process: subprocess.Popen[bytes] | None = None) -> bool:
+    """Whether ``url`` answers 200 within ``within_s``, asked every ``every_s`` (a transport error: asked again);
+    a ``process`` that exits meanwhile raises."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{process.args} exited with {process.returncode}")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return True
+        time.sleep(every_s)
+    return False
 
 
 def free_port() -> int:
@@ -105,15 +113,7 @@ def server(command: list[str], url: str, *, cwd: Path | None = None, env: dict[s
     process = subprocess.Popen(command, cwd=cwd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + startup_s
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"{command} exited with {process.returncode}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + ready, timeout=2).status_code == 200:
-                    break
-            time.sleep(0.2)
-        else:
+        if not _answers(url + ready, startup_s, every_s=0.2, process=process):
             raise RuntimeError(f"{command} did not answer at {url}")
         yield process
     finally:

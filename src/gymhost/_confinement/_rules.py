@@ -278,11 +278,11 @@ def _parent_pipe() -> tuple[int, int]:
 def _loopback_up() -> None:
     """Its network namespace's loopback, up (a new one starts down): code that serves and calls itself on
     localhost, a database an environment starts, works as it does outside."""
-    fd = _socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 0)
+    fd = _libc_socket(socket.AF_INET, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC, 0)
     if fd < 0:
         _raise("socket")
     try:
-        if _ioctl(fd, _SIOCSIFFLAGS_ARGUMENT, _LOOPBACK_UP) != 0:
+        if _libc_ioctl(fd, _SIOCSIFFLAGS_ARGUMENT, _LOOPBACK_UP) != 0:
             _raise("the loopback up")
     finally:
         os.close(fd)
@@ -370,7 +370,8 @@ _NO_CAPABILITIES = (ctypes.byref(_CapHeader(_CAPABILITY_VERSION_3, 0)), (_CapDat
 # A ``struct ifreq`` (40 bytes on 64-bit Linux, all of which the kernel copies in): the name and the flags, zeros after.
 _LOOPBACK_UP = ctypes.create_string_buffer(struct.pack("16sH22x", b"lo", _IFF_UP | _IFF_LOOPBACK | _IFF_RUNNING))
 _SIOCSIFFLAGS_ARGUMENT = ctypes.c_ulong(_SIOCSIFFLAGS)
-_socket, _ioctl, _capset, _libc_mount, _libc_prctl = _libc.socket, _libc.ioctl, _libc.capset, _libc.mount, _libc.prctl
+_libc_socket, _libc_ioctl, _libc_capset = _libc.socket, _libc.ioctl, _libc.capset
+_libc_mount, _libc_prctl = _libc.mount, _libc.prctl
 
 
 def _drop_capabilities() -> None:
@@ -379,7 +380,7 @@ def _drop_capabilities() -> None:
     while _libc_prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:
         cap += 1
     header, data = _NO_CAPABILITIES
-    if _capset(header, data) != 0:
+    if _libc_capset(header, data) != 0:
         _raise("capset")
 
 
