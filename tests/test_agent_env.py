@@ -385,3 +385,13 @@ def test_agent_envs_app_says_a_client_that_left_in_one_line() -> None:
     assert lines[1].startswith("agent-env: ERROR"), done.stderr
     assert done.stderr.count("Traceback") == 1, done.stderr
     assert "RuntimeError: broken" in done.stderr, done.stderr
+
+
+def test_strict_refuses_agent_envs_app_which_nothing_confines(folder: Path) -> None:
+    """agent-env's app runs unconfined (docs/security.md): under ``--sandbox strict``, confined or no start, its
+    folder is not served, and the error says why."""
+    done = run_to_completion(gymhost_command("serve", str(folder), "--port", "0", "--sandbox", "strict"))
+    assert done.returncode == 1, done
+    assert done.stderr.strip().splitlines()[-1] == (
+        "Error: --sandbox strict: agent-env's app, which runs a written agent_env folder, is not confined"
+    ), done.stderr

@@ -2,7 +2,8 @@
 ``gymhost serve``, against real namespaces (bubblewrap, as root: these machines run the suite as root, the hard case).
 
 A written bundle's ``reach`` tool tries, from inside its instance, each thing the issue found an instance could do:
-read what only root may, write into its own bundle and into the server's venv, read the served folder's tasks,
+read what only root may, write into its own bundle and into the server's venv, read the served folder's rows and
+its bundle's tasks (their grading and solutions),
 connect to its own server and elsewhere, name its parent or any other process to signal it. Confined (the
 default), every one is refused; served with ``--sandbox off`` the same tool does each of them, so a refusal is the
 sandbox's doing and not a probe that could not have worked.
@@ -35,7 +36,7 @@ pytestmark = [pytest.mark.nemo_gym, pytest.mark.processes, pytest.mark.anyio, py
 REACH_ENV = COUNTER_ENV.replace(
     """    @tool(name="stall")""",
     '''    @tool(name="reach")
-    async def reach(self, server_port: int, venv: str, folder: str, outside: str) -> dict[str, Any]:
+    async def reach(self, server_port: int, venv: str, folder: str, tasks: str, outside: str) -> dict[str, Any]:
         """Everything this process should not reach, tried."""
         import os
         import socket
@@ -98,7 +99,9 @@ REACH_ENV = COUNTER_ENV.replace(
             "shadow": attempt(lambda: open("/etc/shadow").read()),
             "bundle": attempt(lambda: write_in(bundle)),
             "venv": attempt(lambda: write_in(venv)),
-            "tasks": attempt(lambda: open(os.path.join(folder, "data", "eval.jsonl")).read()),
+            "rows": attempt(lambda: open(os.path.join(folder, "data", "eval.jsonl")).read()),
+            # The bundle's tasks, with their grading and solutions: the bundle's code is in sight, they are not.
+            "tasks": attempt(lambda: open(tasks).read()),
             "server": attempt(lambda: connect("127.0.0.1", server_port)),
             "outside": attempt(lambda: connect(outside, 9)),
             "parent": os.getppid(),
@@ -133,18 +136,28 @@ HOW = {"forked": "", "started on its own": STARTED_ON_ITS_OWN}
 
 
 async def reach_from_an_instance(
-    tmp_path: Path, *options: str, how: str = "forked", wrap: Callable[[list[str]], list[str]] = list
+    tmp_path: Path,
+    *options: str,
+    how: str = "forked",
+    wrap: Callable[[list[str]], list[str]] = list,
+    root: Path | None = None,
 ) -> tuple[dict[str, Any], str]:
     """What the ``reach`` tool of a served process instance reports, and the server's output; ``wrap``: how the
-    server's command is run (``without_user_namespaces``)."""
+    server's command is run (``without_user_namespaces``); ``root``: where the folder is written (else in
+    ``tmp_path``), every user then let read it and enter its folders, as a volume the image serves may be."""
     bundle = make_bundle(tmp_path / "bundles")
     (bundle / "env.py").write_text(HOW[how] + REACH_ENV)
-    folder = (await awrite_folder(str(bundle), tmp_path / "root", instances=1, mode="process")).path
+    folder = (await awrite_folder(str(bundle), root or tmp_path / "root", instances=1, mode="process")).path
+    tasks = folder / "bundle" / "tasks" / "eval.jsonl"
+    assert '"grading"' in tasks.read_text()  # what a probe that reads it would learn
+    for path in [root, *root.rglob("*")] if root is not None else []:
+        path.chmod(0o755 if path.is_dir() else 0o644)
     with serving(wrap(gymhost_command("serve", str(folder), "--port", "0", *options))) as server:
         port = int(server.url.rsplit(":", 1)[1])
         async with EpisodeClient(server.url) as episode:
             await episode.seed(rows(folder)[0])
-            arguments = {"server_port": port, "venv": VENV_PACKAGES, "folder": str(folder), "outside": _an_address()}
+            arguments = {"server_port": port, "venv": VENV_PACKAGES, "folder": str(folder), "tasks": str(tasks)}
+            arguments["outside"] = _an_address()
             answer = await episode.post("/reach", arguments)
             assert answer.status_code == 200, answer.text
             reached = answer.json()
@@ -185,7 +198,8 @@ async def test_a_confined_instance_reaches_nothing_beyond_its_scratch(tmp_path: 
     assert reached["shadow"] == "Permission denied", reached
     assert reached["bundle"] == "Read-only file system", reached
     assert reached["venv"] in ("Read-only file system", "Permission denied"), reached
-    assert reached["tasks"] == "No such file or directory", reached  # the served folder is out of its sight
+    assert reached["rows"] == "No such file or directory", reached  # the served folder is out of its sight
+    assert reached["tasks"] == "No such file or directory", reached  # and so are its bundle's tasks
     assert reached["server"] == "Connection refused", reached  # its own loopback, where nothing listens
     assert reached["outside"] == "Network is unreachable", reached
     # Its parent is outside its PID namespace, and so is every other process: it can name none to signal it.
@@ -211,7 +225,8 @@ async def test_without_namespaces_landlock_and_seccomp_keep_an_instance_to_its_s
     assert reached["capabilities"] == dict.fromkeys(CAPABILITY_SETS, 0), reached
     assert reached["bundle"] == "Permission denied", reached
     assert reached["venv"] == "Permission denied", reached
-    assert reached["tasks"] == "Permission denied", reached
+    assert reached["rows"] == "Permission denied", reached
+    assert reached["tasks"] == "Permission denied", reached  # its bundle's code is readable, its tasks not
     assert reached["server"] == "Permission denied", reached  # no socket but a Unix one
     assert reached["outside"] == "Permission denied", reached
     assert reached["signal parent"] == "Operation not permitted", reached
@@ -220,6 +235,20 @@ async def test_without_namespaces_landlock_and_seccomp_keep_an_instance_to_its_s
     assert reached["scratch"] == "done", reached
     assert reached["parent"] in reached["others"], reached  # no PID namespace of its own
     assert_holds_nothing_of_its_servers(reached)
+
+
+async def test_a_folder_anyone_may_read_is_out_of_a_confined_instances_sight(tmp_path: Path) -> None:
+    """A served folder outside ``/tmp`` (which the sandbox replaces with a scratch of its own) that every user may
+    read, as a volume mounted in the image is: its rows and its bundle's tasks are still out of sight, the bundle's
+    code in it, and its tasks' grading and solutions with the rest of the folder covered."""
+    root = Path(tempfile.mkdtemp(prefix="gymhost-test-readable-folder-", dir="/var/tmp"))
+    try:
+        reached, _ = await reach_from_an_instance(tmp_path, root=root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    assert reached["rows"] == "No such file or directory", reached
+    assert reached["tasks"] == "No such file or directory", reached
+    assert reached["bundle"] == "Read-only file system", reached  # its code, in sight
 
 
 async def test_a_template_started_by_a_worker_hands_nothing_of_its_servers_on(tmp_path: Path) -> None:
@@ -237,9 +266,10 @@ async def test_a_folder_that_asks_for_the_network_gets_it_and_nothing_more(tmp_p
     reached, _ = await reach_from_an_instance(tmp_path, "--set", "source.network=true")
     assert reached["server"] == "done", reached  # the server's own port, on the machine's loopback
     assert reached["uid"] != 0, reached
-    assert (reached["shadow"], reached["bundle"], reached["tasks"]) == (
+    assert (reached["shadow"], reached["bundle"], reached["rows"], reached["tasks"]) == (
         "Permission denied",
         "Read-only file system",
+        "No such file or directory",
         "No such file or directory",
     ), reached
     assert (reached["parent"], reached["others"]) == (0, []), reached
@@ -250,7 +280,7 @@ async def test_sandbox_off_leaves_the_same_instance_the_servers_reach(tmp_path: 
     assert "hosted code confinement: none" in output, output
     assert (reached["pool says"], reached["metric says"]) == ("none", ["none"]), reached
     assert os.getuid() != 0 or reached["uid"] == 0, reached
-    for attempt in ("bundle", "venv", "tasks", "scratch", "tmp", "signal parent"):
+    for attempt in ("bundle", "venv", "rows", "tasks", "scratch", "tmp", "signal parent"):
         assert reached[attempt] == "done", (attempt, reached)
     if os.getuid() == 0:
         assert reached["shadow"] == "done", reached
@@ -313,3 +343,23 @@ async def test_strict_refuses_to_start_where_instances_cannot_be_confined_and_au
         assert said in server.output, server.output
         assert "user.max_user_namespaces" in server.output
     assert "no Landlock in this kernel" in server.output, server.output
+
+
+async def test_strict_refuses_a_bundle_served_in_process(tmp_path: Path) -> None:
+    """``--sandbox strict`` means confined or no start: a bundle written in-process runs inside the server, where
+    nothing confines it, so it does not start, and the error says how to run it apart. ``auto`` serves it, and says
+    it cannot be confined."""
+    bundle = make_bundle(tmp_path / "bundles")
+    folder = (await awrite_folder(str(bundle), tmp_path / "root", instances=1, mode="in_process")).path
+    done = run_to_completion(gymhost_command("serve", str(folder), "--port", "0", "--sandbox", "strict"))
+    assert done.returncode == 1, done
+    said = done.stderr.strip().splitlines()[-1]
+    assert said == (
+        f"Error: --sandbox strict: {folder / 'bundle'} runs in-process, inside the server, where nothing confines "
+        "it: write it with --mode process"
+    ), done.stderr
+    with serving(gymhost_command("serve", str(folder), "--port", "0")) as server:
+        async with EpisodeClient(server.url) as episode:
+            await episode.seed(rows(folder)[0])
+            assert (await episode.call_tool("increment")).ok
+    assert "cannot be confined; write it with --mode process" in server.output, server.output

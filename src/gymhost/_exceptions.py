@@ -92,4 +92,5 @@ class ServeError(GymhostError):
 
 
 class ConfinementError(ServeError):
-    """``--sandbox strict`` asked for hosted code confined in namespaces, and this machine does not allow them."""
+    """``--sandbox strict`` asked for hosted code confined in namespaces, and this machine does not allow them, or
+    the code is of a kind gymhost never confines (a bundle served in-process, agent-env's app)."""

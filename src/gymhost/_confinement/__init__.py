@@ -4,12 +4,13 @@ environment, agent-env's app, a Gym server under ``--sandbox strict``), which th
 One interface (``_base.Confinement``), chosen once a process (``confinement``, from ``--sandbox``), with the levels
 as its backends: ``namespaces`` (``_bubblewrap``; each instance then confines itself, ``_rules``), ``landlock``
 (``_landlock``, where no namespaces may be made), and ``limits`` and ``none`` (``_unconfined``). Whatever the
-level, the environment of hosted code is an allow-list (``_environment``), gymhost's own secrets are not in the
-server's (``_config.take_secrets``), and nothing of the server's descriptors reaches it (``gymhost._descriptors``).
+level, a bundle's template and instances and agent-env's app get an allow-list of the environment
+(``_environment``; a Gym server's own process keeps the server's), gymhost's own secrets are not in the server's
+(``_config.take_secrets``), and nothing of the server's descriptors reaches hosted code (``gymhost._descriptors``).
 """
 
 from ._base import DEFAULT_SCRATCH_BYTES, Confinement, Level
-from ._choice import confinement, find_bwrap
+from ._choice import confinement, find_bwrap, refuse_under_strict
 from ._environment import PASSED, hosted_environment
 from ._landlock import scratch_of
 from ._limits import LIMIT_KINDS, Limits, Reached, watch
@@ -41,6 +42,7 @@ __all__ = [
     "fork_instance",
     "hosted_environment",
     "not_dumpable",
+    "refuse_under_strict",
     "scratch_of",
     "watch",
 ]

@@ -1,10 +1,11 @@
 """The one interface every confinement level implements (``Confinement``); the setting that chooses one is
 ``_config.Sandbox``.
 
-A level is a backend: ``_bubblewrap`` (namespaces: the strongest this kernel offers without a VM) and
-``_unconfined`` (today's trust in the code). The launcher of hosted code asks its confinement for the command that
-starts a hosted process (``command``), for the rules that process applies to itself once started (``rules``), and
-to hand over the one folder the process writes to (``hand_over``): nothing else of a launcher knows which level runs.
+A level is a backend: ``_bubblewrap`` (namespaces: the strongest this kernel offers without a VM), ``_landlock``
+(where no namespaces may be made) and ``_unconfined`` (each instance within its limits, or the code trusted). The
+launcher of hosted code asks its confinement for the command that starts a hosted process (``command``), for the
+rules that process applies to itself once started (``rules``), and to hand over the one folder the process writes to
+(``hand_over``): nothing else of a launcher knows which level runs.
 """
 
 from __future__ import annotations
@@ -48,10 +49,13 @@ class Confinement(Protocol):
         writable: Sequence[Path],
         network: bool = False,
         workdir: Path | None = None,
+        unreadable: Sequence[Path] = (),
     ) -> list[str]:
         """The command that runs ``argv`` as a process of hosted code, which may read ``readable`` (besides the
         interpreter, which it always may) and write ``writable`` (besides its own scratch), and reach the network
-        only if ``network``; in ``workdir`` (readable too), else in its scratch."""
+        only if ``network``; in ``workdir`` (readable too), else in its scratch. ``unreadable``: out of its sight
+        even where the rest would show it (the served folder around a bundle, the bundle's tasks); a path named in
+        ``readable`` below one of them stays readable, the deeper of the two deciding."""
         ...
 
     def environment(self) -> dict[str, str]:
@@ -59,11 +63,17 @@ class Confinement(Protocol):
         ...
 
     def rules(
-        self, *, hidden: Sequence[Path], limits: Limits, network: bool = False, readable: Sequence[Path] = ()
+        self,
+        *,
+        hidden: Sequence[Path],
+        limits: Limits,
+        network: bool = False,
+        readable: Sequence[Path] = (),
+        unreadable: Sequence[Path] = (),
     ) -> Rules | None:
         """What the started process does to itself (``_rules``): ``hidden`` covered in each instance, ``limits``
-        on each, the network theirs only if ``network``, ``readable`` (besides the interpreter) where a level
-        needs telling; None at a level that leaves it alone."""
+        on each, the network theirs only if ``network``, ``readable`` (besides the interpreter) and ``unreadable``
+        (as ``command`` takes them) where a level needs telling; None at a level that leaves it alone."""
         ...
 
     def hand_over(self, folder: Path) -> Path:

@@ -56,6 +56,7 @@ class Bubblewrap:
         writable: Sequence[Path],
         network: bool = False,
         workdir: Path | None = None,
+        unreadable: Sequence[Path] = (),
     ) -> list[str]:
         command = [self.bwrap, "--die-with-parent", "--new-session"]
         command += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
@@ -67,7 +68,8 @@ class Bubblewrap:
             command += ["--unshare-user", "--cap-drop", "ALL"]
         command += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         command += ["--perms", "1777", "--size", str(self.scratch_bytes), "--tmpfs", _SCRATCH]
-        command += self._mounts([*interpreter_paths(), *readable, *([workdir] if workdir else [])], writable)
+        seen = [*interpreter_paths(), *readable, *([workdir] if workdir else [])]
+        command += self._mounts(seen, writable, unreadable)
         # Last, over whatever was bound back: the secret gymhost keeps (``_config.secret_file``), which the server's
         # own user could read (started by a user other than root, the sandbox's user is that user).
         kept = secret_file()
@@ -80,7 +82,13 @@ class Bubblewrap:
         return {"HOME": _SCRATCH, "TMPDIR": _SCRATCH}
 
     def rules(
-        self, *, hidden: Sequence[Path], limits: Limits, network: bool = False, readable: Sequence[Path] = ()
+        self,
+        *,
+        hidden: Sequence[Path],
+        limits: Limits,
+        network: bool = False,
+        readable: Sequence[Path] = (),
+        unreadable: Sequence[Path] = (),
     ) -> Rules:
         limits = replace(limits, file_bytes=self.scratch_bytes)  # no file bigger than the scratch that holds it
         return Rules(self.user, self.scratch_bytes, tuple(str(folder) for folder in hidden), network, limits)
@@ -95,15 +103,17 @@ class Bubblewrap:
         os.chown(handed, *self.user)
         return handed
 
-    def _mounts(self, readable: Sequence[Path], writable: Sequence[Path]) -> list[str]:
+    def _mounts(self, readable: Sequence[Path], writable: Sequence[Path], unreadable: Sequence[Path]) -> list[str]:
         """bwrap's operations, after the scratch's tmpfs, that make ``readable`` and ``writable`` reachable by the
-        hosted user and nothing else of the folders it may not enter: each such folder on the way is covered with an
-        empty tmpfs (in which bwrap makes the folders on the way, enterable), and what is wanted under a cover bound
-        back. In the order of depth, so each operation's folder exists when it runs."""
+        hosted user and nothing else of the folders it may not enter, nor ``unreadable``: each such folder is covered
+        with an empty tmpfs (in which bwrap makes the folders on the way, enterable), and what is wanted under a
+        cover bound back. In the order of depth, so each operation's folder exists when it runs, and the deeper of
+        a cover and a bind decides what is seen."""
         # A folder its user may not enter is of no use to it bound (a private server folder on the server's path).
         wanted = {path.resolve(): False for path in readable if path.exists() and self._enterable(path)}
         wanted.update({path.resolve(): True for path in writable})
-        nodes = sorted({node for path in wanted for node in _ancestors(path)}, key=lambda node: len(node.parts))
+        unseen = {path.resolve() for path in unreadable if path.exists()} - set(wanted)
+        nodes = sorted({node for path in [*wanted, *unseen] for node in _ancestors(path)}, key=lambda n: len(n.parts))
         covers, bound, operations = {Path(_SCRATCH)}, set(), []
         for node in nodes:
             if node in covers:
@@ -111,7 +121,10 @@ class Bubblewrap:
             # Where the sandbox shows this node from: a tmpfs above it (made by bwrap), or the host (bound, or /).
             source = next((above for above in node.parents if above in covers or above in bound), None)
             hidden = source in covers
-            if node in wanted and (hidden or wanted[node]):
+            if node in unseen and not hidden:  # (under a cover, it is out of sight already)
+                covers.add(node)
+                operations += ["--tmpfs", str(node)]
+            elif node in wanted and (hidden or wanted[node]):
                 bound.add(node)
                 operations += ["--bind" if wanted[node] else "--ro-bind", str(node), str(node)]
             elif node in wanted:

@@ -27,7 +27,7 @@ from ._landlock import Landlock, missing
 from ._limits import Limits
 from ._unconfined import Unconfined
 
-__all__ = ["confinement", "find_bwrap"]
+__all__ = ["confinement", "find_bwrap", "refuse_under_strict"]
 
 logger = logging.getLogger("gymhost.confinement")
 
@@ -61,7 +61,10 @@ def confinement(sandbox: Sandbox) -> Confinement:
         else:
             without, landlock = _try_landlock(problem)
             if landlock is not None:
-                logger.warning("hosted code runs without namespaces, restricted by Landlock and seccomp: %s", problem)
+                # Its description: the Landlock ABI, what that ABI leaves out, and why no namespaces.
+                logger.warning(
+                    "hosted code runs without namespaces, restricted by Landlock and seccomp: %s", landlock.description
+                )
                 return landlock
             chosen = Unconfined(f"--sandbox auto found no namespaces: {problem}; {without}", limited=True)
             logger.warning(
@@ -70,6 +73,13 @@ def confinement(sandbox: Sandbox) -> Confinement:
             return chosen
     logger.info("hosted code confinement: %s (%s)", chosen.level, chosen.description)
     return chosen
+
+
+def refuse_under_strict(sandbox: Sandbox | None, what: str) -> None:
+    """``--sandbox strict`` means confined or no start: hosted code that runs unconfined at every level (``what``
+    says which, and why) is refused then, as a machine without namespaces is."""
+    if sandbox == "strict":
+        raise ConfinementError(f"--sandbox strict: {what}")
 
 
 def _try_landlock(problem: str) -> tuple[str, Landlock | None]:

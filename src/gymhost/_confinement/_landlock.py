@@ -4,12 +4,12 @@ process may do to itself: its limits (``_limits``), then Landlock (the kernel's 
 processes, through ``landlockpy``) and a seccomp filter (through ``pyseccomp``, over the system's libseccomp), which
 ``RuntimeDefault`` allows.
 
-What an instance may then reach: it reads the interpreter, its bundle and the system's folders (``/usr``, ``/etc``
-less what only root may read, ``/proc``, ``/sys``), nothing else of the machine (not the served folder's tasks, not
-another instance's scratch); it writes only its own scratch (a folder in the instances' folder, made for it and
-removed with it; its working directory, ``TMPDIR`` and ``HOME``) and the harmless devices; unless its folder
-asks for the network, it connects to nothing (Landlock's TCP rules; seccomp refuses every socket but a Unix one, UDP
-included, and ``connect`` itself: no sibling's channel either); it can signal no process
+What an instance may then reach: it reads the interpreter, its bundle less its tasks, and the system's folders
+(``/usr``, ``/etc`` less its entries only root may read, ``/proc``, ``/sys``), nothing else of the machine (not the
+served folder, not another instance's scratch); it writes only its own scratch (a folder in the instances' folder,
+made for it and removed with it; its working directory, ``TMPDIR`` and ``HOME``) and the harmless devices; unless
+its folder asks for the network, it connects to nothing (Landlock's TCP rules; seccomp refuses every socket but a
+Unix one, UDP included, and ``connect`` itself: no sibling's channel either); it can signal no process
 outside its own (Landlock's scope, from ABI 6: not its template, not the server); it cannot ``ptrace`` what is
 outside its domain; root keeps its uid, but none of its capabilities. What namespaces give and this does
 not: a PID namespace (it sees the host's processes, and their command lines, in ``/proc``), a user of its own when
@@ -24,10 +24,11 @@ import os
 import socket
 import stat
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
-from ._base import Level, interpreter_paths
+from ._base import DEFAULT_SCRATCH_BYTES, Level, interpreter_paths
 from ._limits import Limits
 from ._rules import Rules
 
@@ -52,6 +53,7 @@ class Landlock:
         writable: Sequence[Path],
         network: bool = False,
         workdir: Path | None = None,
+        unreadable: Sequence[Path] = (),
     ) -> list[str]:
         return list(argv)  # each instance confines itself (``restrict``); its template runs as the server does
 
@@ -59,7 +61,13 @@ class Landlock:
         return {}
 
     def rules(
-        self, *, hidden: Sequence[Path], limits: Limits, network: bool = False, readable: Sequence[Path] = ()
+        self,
+        *,
+        hidden: Sequence[Path],
+        limits: Limits,
+        network: bool = False,
+        readable: Sequence[Path] = (),
+        unreadable: Sequence[Path] = (),
     ) -> Rules:
         # The instances' scratches are made in the first folder hidden from them: the instances' own, the server's.
         return Rules(
@@ -67,12 +75,14 @@ class Landlock:
             scratch_bytes=0,
             hidden=tuple(str(folder) for folder in hidden),
             network=network,
-            limits=limits,
+            # No file bigger than a confined instance's scratch: its own has no size (the disk's).
+            limits=replace(limits, file_bytes=DEFAULT_SCRATCH_BYTES),
             namespaces=False,
             # The interpreter as the server sees it: in an instance, the path starts with its template's working
             # directory, the served folder.
             readable=tuple(str(folder) for folder in [*interpreter_paths(), *readable]),
             landlock=True,
+            unreadable=tuple(str(path) for path in unreadable),
         )
 
     def hand_over(self, folder: Path) -> Path:
@@ -106,8 +116,11 @@ def restrict(rules: Rules, scratch: str) -> None:
     )
     read = landlockpy.AccessFS.READ_FILE | landlockpy.AccessFS.READ_DIR | landlockpy.AccessFS.EXECUTE
     with landlockpy.Ruleset(handled_net=net, scoped=scopes) as ruleset:
-        for path in _readable(rules):
-            ruleset.allow_path(path, read if os.path.isdir(path) else read & ~landlockpy.AccessFS.READ_DIR)
+        for path, listed_only in _readable(rules):
+            if listed_only:
+                ruleset.allow_path(path, landlockpy.AccessFS.READ_DIR)
+            else:
+                ruleset.allow_path(path, read if os.path.isdir(path) else read & ~landlockpy.AccessFS.READ_DIR)
         for device in _DEVICES:
             if os.path.exists(device):
                 ruleset.allow_path(device, landlockpy.AccessFS.READ_FILE | landlockpy.AccessFS.WRITE_FILE)
@@ -127,10 +140,11 @@ def restrict(rules: Rules, scratch: str) -> None:
 
 
 @functools.cache
-def _readable(rules: Rules) -> tuple[str, ...]:
+def _readable(rules: Rules) -> tuple[tuple[str, bool], ...]:
     """The system's folders, ``/etc``'s entries that any user may read (not ``/etc/shadow``, whoever the server
-    runs as), and what the rules name (the interpreter, the bundle). Found once, by the template as it restricts
-    itself: its forks, an instance an episode, inherit the answer."""
+    runs as), and what the rules name (the interpreter, the bundle) less what they name unreadable, each with
+    whether it may only be listed (``_carved``). Found once, by the template as it restricts itself: its forks, an
+    instance an episode, inherit the answer."""
     paths = [folder for folder in SYSTEM_FOLDERS if os.path.exists(folder)]
     try:
         entries = os.scandir("/etc")
@@ -144,5 +158,24 @@ def _readable(rules: Rules) -> tuple[str, ...]:
                         paths.append(entry.path)
                 except OSError:
                     continue
-    paths += [path for path in rules.readable if os.path.exists(path)]
-    return tuple(paths)
+    grants = [(path, False) for path in paths]
+    unreadable = [Path(path).resolve() for path in rules.unreadable]
+    for path in rules.readable:
+        if os.path.exists(path):
+            grants += _carved(Path(path).resolve(), unreadable)
+    return tuple(grants)
+
+
+def _carved(folder: Path, unreadable: Sequence[Path]) -> list[tuple[str, bool]]:
+    """``folder`` granted whole, unless something unreadable lies below it: a Landlock rule covers everything
+    beneath its path, so then ``folder`` may only be listed (an import finds its modules by listing), and each of
+    its entries is granted the same way, but the unreadable ones. An unreadable folder above ``folder``, or
+    ``folder`` itself, leaves it readable: it was named readable, and the deeper of the two decides."""
+    below = [path for path in unreadable if folder in path.parents]
+    if not below:
+        return [(str(folder), False)]
+    grants = [(str(folder), True)]
+    for entry in sorted(folder.iterdir()):
+        if entry not in below:
+            grants += _carved(entry, below)
+    return grants

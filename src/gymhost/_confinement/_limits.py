@@ -140,7 +140,7 @@ def _message(limit: str, limits: Limits) -> str:
         "memory": f"its memory limit ({_bytes(limits.memory_bytes)}, RLIMIT_DATA)",
         "processes": f"its limit of {limits.processes} processes and threads (RLIMIT_NPROC)",
         "cpu_time": f"its limit of {limits.cpu_seconds} s of CPU time (RLIMIT_CPU)",
-        "file_size": f"its limit on a file's size ({_bytes(limits.file_bytes)}, RLIMIT_FSIZE: its scratch's size)",
+        "file_size": f"its limit on a file's size ({_bytes(limits.file_bytes)}, RLIMIT_FSIZE)",
     }[limit]
     return f"the environment instance reached {what} and was stopped"
 

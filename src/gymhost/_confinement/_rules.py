@@ -59,7 +59,7 @@ class Rules:
     of its own, with nothing but its loopback; ``limits``: what each instance may take (``_limits``);
     ``namespaces`` False: no namespaces at all (where none may be made): the limits, and, with ``landlock``, the
     restrictions of ``_landlock`` (``readable``: what an instance may read besides the system's folders: the
-    interpreter, the bundle)."""
+    interpreter, the bundle; ``unreadable``: what it may not, inside those: the bundle's tasks)."""
 
     user: tuple[int, int] | None
     scratch_bytes: int
@@ -69,6 +69,7 @@ class Rules:
     namespaces: bool = True
     readable: tuple[str, ...] = field(default=())
     landlock: bool = False
+    unreadable: tuple[str, ...] = field(default=())
 
     def to_argument(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
@@ -86,6 +87,7 @@ class Rules:
             namespaces=bool(given.get("namespaces", True)),
             readable=tuple(str(path) for path in given.get("readable", ())),
             landlock=bool(given.get("landlock", False)),
+            unreadable=tuple(str(path) for path in given.get("unreadable", ())),
         )
 
 

@@ -1,13 +1,15 @@
-"""The ``none`` level: hosted code runs as the server runs it, with what the server's user may reach (``--sandbox
-off``, or ``auto`` where no namespaces are allowed). Its environment is still an allow-list, and gymhost's secrets
-are still taken (``_environment``, ``_config.take_secrets``)."""
+"""The ``limits`` and ``none`` levels: hosted code runs with what the server's user may reach, each instance within
+its limits (``limits``: ``auto`` where neither namespaces nor Landlock may be had) or as the server runs it
+(``none``: ``--sandbox off``). Its environment is still an allow-list, and gymhost's secrets are still taken
+(``_environment``, ``_config.take_secrets``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from ._base import Level
+from ._base import DEFAULT_SCRATCH_BYTES, Level
 from ._limits import Limits
 from ._rules import Rules
 
@@ -30,6 +32,7 @@ class Unconfined:
         writable: Sequence[Path],
         network: bool = False,
         workdir: Path | None = None,
+        unreadable: Sequence[Path] = (),
     ) -> list[str]:
         return list(argv)
 
@@ -37,10 +40,17 @@ class Unconfined:
         return {}
 
     def rules(
-        self, *, hidden: Sequence[Path], limits: Limits, network: bool = False, readable: Sequence[Path] = ()
+        self,
+        *,
+        hidden: Sequence[Path],
+        limits: Limits,
+        network: bool = False,
+        readable: Sequence[Path] = (),
+        unreadable: Sequence[Path] = (),
     ) -> Rules | None:
         if not self.limited:
             return None
+        limits = replace(limits, file_bytes=DEFAULT_SCRATCH_BYTES)  # a confined instance's scratch, as a file's bound
         return Rules(user=None, scratch_bytes=0, hidden=(), network=True, limits=limits, namespaces=False)
 
     def hand_over(self, folder: Path) -> Path:

@@ -24,7 +24,7 @@ from ..._config import (
     configured_network,
     configured_sandbox,
 )
-from ..._confinement import Limits, confinement
+from ..._confinement import Limits, confinement, refuse_under_strict
 from ..._exceptions import FolderError
 from .._backend import Backend, Catalog, Launcher, ServerFolder, Source, WriteOptions
 from .._catalog import checked
@@ -162,9 +162,13 @@ class BundleBackend(_AgentenvBackend[BundleSource]):
         bundle = folder.resolve(source.path, "bundle")
         if not (bundle / ENTRY).is_file():
             raise FolderError(f"{bundle}: no {ENTRY}; a bundle holds its environment in {ENTRY}")
-        if source.mode == "in_process":
-            return InProcessLauncher(bundle)
         sandbox = configured_sandbox() or source.sandbox  # the operator's choice over the folder's
+        if source.mode == "in_process":
+            refuse_under_strict(
+                sandbox,
+                f"{bundle} runs in-process, inside the server, where nothing confines it: write it with --mode process",
+            )
+            return InProcessLauncher(bundle)
         return BundleLauncher(
             bundle,
             construct_once=source.construct_once,
@@ -172,6 +176,8 @@ class BundleBackend(_AgentenvBackend[BundleSource]):
             limits=source.limits(),
             network=source.network or configured_network(),
             fresh=source.fresh_instances,
+            # Out of its hosted code's sight: the tasks (their grading and solutions) and the rest of the folder.
+            unreadable=(folder.resolve(".", "server"), bundle / "tasks"),
         )
 
     def start_early(self, source: BundleSource, folder: ServerFolder, cwd: Path) -> None:

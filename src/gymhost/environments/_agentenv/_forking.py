@@ -322,14 +322,17 @@ class _Start:
     """How a bundle's hosted processes (its template, or an instance on its own) start: its Python module, run
     through the server's confinement, with an environment of its own."""
 
-    def __init__(self, bundle: Path, confinement: Confinement, limits: Limits, network: bool) -> None:
+    def __init__(
+        self, bundle: Path, confinement: Confinement, limits: Limits, network: bool, unreadable: tuple[Path, ...]
+    ) -> None:
         self.bundle = bundle
         self.confinement = confinement
         self.network = network
+        self.unreadable = unreadable
         self.folder = scratch_folder("instances")
         self.sockets = confinement.hand_over(self.folder)
         self.rules: Rules | None = confinement.rules(
-            hidden=[self.sockets], limits=limits, network=network, readable=[bundle]
+            hidden=[self.sockets], limits=limits, network=network, readable=[bundle], unreadable=unreadable
         )
 
     async def process(
@@ -381,7 +384,9 @@ class _Start:
         # which process to die with (``_template._die_with_server``): the pid means nothing in a namespace.
         sandboxed = self.rules is not None and self.rules.namespaces
         told = {} if sandboxed else {SERVER_PID: str(os.getpid())}
-        command = self.confinement.command(argv, readable=[self.bundle], writable=[self.sockets], network=self.network)
+        command = self.confinement.command(
+            argv, readable=[self.bundle], writable=[self.sockets], network=self.network, unreadable=self.unreadable
+        )
         return command, hosted_environment(**self.confinement.environment(), **told)  # never the server's own
 
 
@@ -394,6 +399,7 @@ class _Key:
     confinement: Confinement
     limits: Limits
     network: bool
+    unreadable: tuple[Path, ...]
     cwd: str
 
 
@@ -456,12 +462,15 @@ class BundleLauncher:
         limits: Limits | None = None,
         network: bool = False,
         fresh: bool = True,
+        unreadable: tuple[Path, ...] = (),
     ) -> None:
         """``confinement``: the level its processes run at; by default the one ``GYMHOST_SANDBOX`` (else ``auto``)
         gives. Confined, each instance takes at most ``limits`` and reaches the network only if ``network``.
         ``fresh``: each instance serves one episode, and the next gets a fresh fork (nothing one leaves behind, in
-        its scratch or its memory, reaches another)."""
+        its scratch or its memory, reaches another). ``unreadable``: what its hosted code may not read even where
+        the bundle or the root's read-only view would show it (the served folder, the bundle's tasks)."""
         self.bundle = bundle
+        self.unreadable = unreadable
         self.construct_once = construct_once
         self.confinement = confinement if confinement is not None else default_confinement()
         self.limits = limits if limits is not None else Limits()
@@ -478,7 +487,7 @@ class BundleLauncher:
         (``_Early``); ``cwd``: the folder the server will be in by then, which the template starts in."""
         global _early
         stop_early()
-        start = _Start(self.bundle, self.confinement, self.limits, self.network)
+        start = self._new_start()
         pidfds, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         channel, its_channel = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         output, its_output = hosted_output.pair()
@@ -501,7 +510,12 @@ class BundleLauncher:
 
     def _key(self, cwd: Path | None = None) -> _Key:
         where = str(cwd if cwd is not None else Path.cwd())
-        return _Key(self.bundle, self.construct_once, self.confinement, self.limits, self.network, where)
+        return _Key(
+            self.bundle, self.construct_once, self.confinement, self.limits, self.network, self.unreadable, where
+        )
+
+    def _new_start(self) -> _Start:
+        return _Start(self.bundle, self.confinement, self.limits, self.network, self.unreadable)
 
     async def launch(self, index: int, settings: PoolSettings) -> Instance:
         template = await self._template_up(settings.startup_timeout_s)
@@ -554,7 +568,7 @@ class BundleLauncher:
                 if early is not None:
                     self._start = early.start
                 elif self._start is None:
-                    self._start = _Start(self.bundle, self.confinement, self.limits, self.network)
+                    self._start = self._new_start()
                 try:
                     self._template = await _Template.start(
                         self._start, timeout, construct_once=self.construct_once, early=early

@@ -16,6 +16,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
+from ..._config import configured_sandbox
+from ..._confinement import refuse_under_strict
 from ..._exceptions import FolderError
 from .._agentenv._backends import IGNORED, is_url, refuse_python, refuse_url_options
 from .._agentenv._launchers import ENTRY
@@ -200,6 +202,9 @@ class AgentEnvFrameworkBackend(_OpenEnvProtocol[AgentEnvFrameworkSource]):
     def launcher(self, source: AgentEnvFrameworkSource, folder: ServerFolder) -> Launcher:
         if not source.path or not source.python:
             raise FolderError(f"{folder.owner}: source.kind is agent_env; it needs source.path and source.python")
+        refuse_under_strict(
+            configured_sandbox(), "agent-env's app, which runs a written agent_env folder, is not confined"
+        )
         python = shutil.which(source.python)
         if python is None:
             raise FolderError(
