@@ -100,8 +100,11 @@ REACH_ENV = COUNTER_ENV.replace(
             "bundle": attempt(lambda: write_in(bundle)),
             "venv": attempt(lambda: write_in(venv)),
             "rows": attempt(lambda: open(os.path.join(folder, "data", "eval.jsonl")).read()),
-            # The bundle's tasks, with their grading and solutions: the bundle's code is in sight, they are not.
+            # The bundle's tasks, with their grading and solutions: the bundle's code is in sight, they are not;
+            # nor through a link in the bundle that leads to them.
             "tasks": attempt(lambda: open(tasks).read()),
+            "linked tasks": attempt(lambda: open(os.path.join(bundle, "linked", os.path.basename(tasks))).read()),
+            "linked rows": attempt(lambda: open(os.path.join(bundle, "up", "data", "eval.jsonl")).read()),
             "server": attempt(lambda: connect("127.0.0.1", server_port)),
             "outside": attempt(lambda: connect(outside, 9)),
             "parent": os.getppid(),
@@ -150,8 +153,12 @@ async def reach_from_an_instance(
     folder = (await awrite_folder(str(bundle), root or tmp_path / "root", instances=1, mode="process")).path
     tasks = folder / "bundle" / "tasks" / "eval.jsonl"
     assert '"grading"' in tasks.read_text()  # what a probe that reads it would learn
+    (folder / "bundle" / "linked").symlink_to("tasks")  # as a bundle edited by hand may hold, and one that dangles
+    (folder / "bundle" / "dangling").symlink_to("nowhere")
+    (folder / "bundle" / "up").symlink_to("..")
     for path in [root, *root.rglob("*")] if root is not None else []:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
     with serving(wrap(gymhost_command("serve", str(folder), "--port", "0", *options))) as server:
         port = int(server.url.rsplit(":", 1)[1])
         async with EpisodeClient(server.url) as episode:
@@ -200,6 +207,7 @@ async def test_a_confined_instance_reaches_nothing_beyond_its_scratch(tmp_path: 
     assert reached["venv"] in ("Read-only file system", "Permission denied"), reached
     assert reached["rows"] == "No such file or directory", reached  # the served folder is out of its sight
     assert reached["tasks"] == "No such file or directory", reached  # and so are its bundle's tasks
+    assert reached["linked tasks"] == reached["linked rows"] == "No such file or directory", reached
     assert reached["server"] == "Connection refused", reached  # its own loopback, where nothing listens
     assert reached["outside"] == "Network is unreachable", reached
     # Its parent is outside its PID namespace, and so is every other process: it can name none to signal it.
@@ -227,6 +235,7 @@ async def test_without_namespaces_landlock_and_seccomp_keep_an_instance_to_its_s
     assert reached["venv"] == "Permission denied", reached
     assert reached["rows"] == "Permission denied", reached
     assert reached["tasks"] == "Permission denied", reached  # its bundle's code is readable, its tasks not
+    assert reached["linked tasks"] == reached["linked rows"] == "Permission denied", reached
     assert reached["server"] == "Permission denied", reached  # no socket but a Unix one
     assert reached["outside"] == "Permission denied", reached
     assert reached["signal parent"] == "Operation not permitted", reached
@@ -280,8 +289,9 @@ async def test_sandbox_off_leaves_the_same_instance_the_servers_reach(tmp_path: 
     assert "hosted code confinement: none" in output, output
     assert (reached["pool says"], reached["metric says"]) == ("none", ["none"]), reached
     assert os.getuid() != 0 or reached["uid"] == 0, reached
-    for attempt in ("bundle", "venv", "rows", "tasks", "scratch", "tmp", "signal parent"):
+    for attempt in ("bundle", "venv", "rows", "tasks", "linked tasks", "linked rows", "scratch", "tmp"):
         assert reached[attempt] == "done", (attempt, reached)
+    assert reached["signal parent"] == "done", reached
     if os.getuid() == 0:
         assert reached["shadow"] == "done", reached
         assert reached["capabilities"]["CapEff"] != 0, reached  # root's, as the server has them

@@ -28,6 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Final
 
+from .._config import secret_file
 from ._base import DEFAULT_SCRATCH_BYTES, Level, interpreter_paths
 from ._limits import Limits
 from ._rules import Rules
@@ -82,11 +83,17 @@ class Landlock:
             # directory, the served folder.
             readable=tuple(str(folder) for folder in [*interpreter_paths(), *readable]),
             landlock=True,
-            unreadable=tuple(str(path) for path in unreadable),
+            # And the secret gymhost keeps, should a readable folder hold it (a home on the path).
+            unreadable=tuple(str(path) for path in [*unreadable, *_kept_secret()]),
         )
 
     def hand_over(self, folder: Path) -> Path:
         return folder  # the server's own user, who may write there already
+
+
+def _kept_secret() -> list[Path]:
+    kept = secret_file()
+    return [kept.parent] if kept is not None else []
 
 
 def scratch_of(channel: str) -> str:
@@ -142,8 +149,8 @@ def restrict(rules: Rules, scratch: str) -> None:
 @functools.cache
 def _readable(rules: Rules) -> tuple[tuple[str, bool], ...]:
     """The system's folders, ``/etc``'s entries that any user may read (not ``/etc/shadow``, whoever the server
-    runs as), and what the rules name (the interpreter, the bundle) less what they name unreadable, each with
-    whether it may only be listed (``_carved``). Found once, by the template as it restricts itself: its forks, an
+    runs as), and what the rules name (the interpreter, the bundle), less what they name unreadable (``_carved``),
+    each with whether it may only be listed. Found once, by the template as it restricts itself: its forks, an
     instance an episode, inherit the answer."""
     paths = [folder for folder in SYSTEM_FOLDERS if os.path.exists(folder)]
     try:
@@ -158,24 +165,43 @@ def _readable(rules: Rules) -> tuple[tuple[str, bool], ...]:
                         paths.append(entry.path)
                 except OSError:
                     continue
-    grants = [(path, False) for path in paths]
+    paths += [path for path in rules.readable if os.path.exists(path)]
     unreadable = [Path(path).resolve() for path in rules.unreadable]
-    for path in rules.readable:
-        if os.path.exists(path):
-            grants += _carved(Path(path).resolve(), unreadable)
-    return tuple(grants)
+    return tuple(grant for path in paths for grant in _carved(Path(path), Path(path).resolve(), unreadable, set()))
 
 
-def _carved(folder: Path, unreadable: Sequence[Path]) -> list[tuple[str, bool]]:
-    """``folder`` granted whole, unless something unreadable lies below it: a Landlock rule covers everything
-    beneath its path, so then ``folder`` may only be listed (an import finds its modules by listing), and each of
-    its entries is granted the same way, but the unreadable ones. An unreadable folder above ``folder``, or
-    ``folder`` itself, leaves it readable: it was named readable, and the deeper of the two decides."""
-    below = [path for path in unreadable if folder in path.parents]
+def _carved(path: Path, root: Path, unreadable: Sequence[Path], seen: set[Path]) -> list[tuple[str, bool]]:
+    """``path`` (found under the named ``root``) granted whole, unless something unreadable lies below it (a served
+    folder under ``/usr``, a bundle's tasks): a Landlock rule covers everything beneath its path, so then ``path``
+    may only be listed (an import finds its modules by listing; the names below it are seen, not read), and each of
+    its entries is granted the same way, but those out of sight (``_out_of_sight``; a link that leads nowhere is
+    left out too: Landlock cannot grant it)."""
+    real = path.resolve()
+    below = [folder for folder in unreadable if real in folder.parents]
     if not below:
-        return [(str(folder), False)]
-    grants = [(str(folder), True)]
-    for entry in sorted(folder.iterdir()):
-        if entry not in below:
-            grants += _carved(entry, below)
+        return [(str(path), False)]
+    if real in seen:  # (a link back up the tree)
+        return []
+    seen.add(real)
+    grants = [(str(real), True)]
+    try:
+        entries = sorted(real.iterdir())
+    except OSError:
+        return grants
+    for entry in entries:
+        target = entry.resolve()
+        if target.exists() and not _out_of_sight(target, root, unreadable):
+            grants += _carved(entry, root, unreadable, seen)
     return grants
+
+
+def _out_of_sight(target: Path, root: Path, unreadable: Sequence[Path]) -> bool:
+    """Whether ``target`` is, or is inside, something unreadable. A path named readable (``root``) inside something
+    unreadable stays readable, the deeper of the two deciding, and so does what is inside it; not what a link in it
+    leads to elsewhere in that unreadable folder (a bundle's link to its served folder's rows)."""
+    within_root = target == root or root in target.parents
+    return any(
+        (target == folder or folder in target.parents)
+        and not (within_root and (folder == root or folder in root.parents))
+        for folder in unreadable
+    )

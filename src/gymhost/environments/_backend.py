@@ -255,13 +255,15 @@ class Source:
 
 @dataclass(frozen=True)
 class ServerFolder:
-    """What a server's launcher may need of its folder: paths in it, its tasks, the environment it was written for,
-    and the server class's name, for messages."""
+    """What a server's launcher may need of its folder: paths in it, its tasks and where they are (hosted code may
+    not read them: their grading and solutions), the environment it was written for, and the server class's name,
+    for messages."""
 
     resolve: Callable[[str, str], Path]  # (a config value, what it names) -> an existing path in the folder
     tasks: Mapping[str, list[Task]]
     environment: str
     owner: str
+    tasks_folder: Path
 
 
 def resolve_in(base: Path, value: str, what: str, owner: str) -> Path:

@@ -39,6 +39,7 @@ def start_early(folder: Path, *, config_key: str | None, overrides: Mapping[str,
         block = spec.block["source"]
         from ._backend import ServerFolder, resolve_in
         from ._registry import backend_of
+        from ._settings import DEFAULT_TASKS
 
         backend = backend_of(str(block["kind"]))
         owner = spec.implementation
@@ -47,6 +48,7 @@ def start_early(folder: Path, *, config_key: str | None, overrides: Mapping[str,
             {},
             str(spec.block.get("environment", "")),
             owner,
+            resolve_in(spec.folder, str(spec.block.get("tasks", DEFAULT_TASKS)), "tasks", owner),
         )
         source = backend.source_config.model_validate(block)
         _began = True

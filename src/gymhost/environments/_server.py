@@ -35,7 +35,7 @@ from ._errors import CatalogError, EpisodeStateError, SessionConflictError, Unkn
 from ._outcomes import Verdict
 from ._pool import Pool
 from ._registry import backend_of
-from ._settings import EpisodeFields, EpisodeSettings, PoolFields, PoolSettings, SourceConfig
+from ._settings import DEFAULT_TASKS, EpisodeFields, EpisodeSettings, PoolFields, PoolSettings, SourceConfig
 from ._tasks import Task, load_task_folder
 
 __all__ = ["WrittenResourcesServer", "WrittenResourcesServerConfig"]
@@ -51,7 +51,9 @@ class WrittenResourcesServerConfig(gym.BaseResourcesServerConfig, PoolFields, Ep
     environment: str = Field(description="The environment card's name; startup refuses any other environment.")
     # as its kind's class (Backend.source_config) when dumped too: the config Gym's global config holds is the whole
     source: SerializeAsAny[SourceConfig]
-    tasks: str = Field(default="tasks", description="Folder of <split>.jsonl task files, relative to the server folder")
+    tasks: str = Field(
+        default=DEFAULT_TASKS, description="Folder of <split>.jsonl task files, relative to the server folder"
+    )
 
     @field_validator("source", mode="before")
     @classmethod
@@ -131,9 +133,10 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
 
     def setup_webserver(self) -> FastAPI:
         # Files first, so a folder with a broken task or a missing bundle fails before anything starts.
-        self._tasks = load_task_folder(self._path(self.config.tasks, "tasks"))
+        tasks = self._path(self.config.tasks, "tasks")
+        self._tasks = load_task_folder(tasks)
         backend = backend_of(self.config.source.kind)
-        folder = ServerFolder(self._path, self._tasks, self.config.environment, type(self).__name__)
+        folder = ServerFolder(self._path, self._tasks, self.config.environment, type(self).__name__, tasks)
         launcher = backend.launcher(self.config.source, folder)
         app: FastAPI = super().setup_webserver()
         if launcher_mode() == "refuse":  # under Gym's launcher; gymhost's own hosting places the layer itself

@@ -35,6 +35,9 @@ DEFAULT_MODE: Final[Mode] = "process"
 # (``_agentenv/_construct_once``): a start costs a fork, not a construction.
 DEFAULT_CONSTRUCT_ONCE: Final = True
 
+# Where a written folder's tasks are when its config does not say: a folder of <split>.jsonl files, relative to it.
+DEFAULT_TASKS: Final = "tasks"
+
 # Instances always up when a config does not say (a bundle's pool's minimum); each kind's defaults for
 # `gymhost write` are its backend's (``Backend.default_instances``).
 DEFAULT_MINIMUM: Final = 4

@@ -176,8 +176,9 @@ class BundleBackend(_AgentenvBackend[BundleSource]):
             limits=source.limits(),
             network=source.network or configured_network(),
             fresh=source.fresh_instances,
-            # Out of its hosted code's sight: the tasks (their grading and solutions) and the rest of the folder.
-            unreadable=(folder.resolve(".", "server"), bundle / "tasks"),
+            # Out of its hosted code's sight: the tasks (their grading and solutions), the bundle's own, and the
+            # rest of the folder.
+            unreadable=(folder.resolve(".", "server"), folder.tasks_folder, bundle / "tasks"),
         )
 
     def start_early(self, source: BundleSource, folder: ServerFolder, cwd: Path) -> None:
