@@ -37,10 +37,10 @@ TASK = "report-position"  # three tool calls and a final answer that the grading
 LOST = "reach-corner"  # two moves; its instance is killed before the final turn
 GYM = Path(sys.executable).with_name("gym")
 DRAIN_TIMEOUT_S = 5  # the written server's drain, set for the launcher's servers through the environment
-# After Ctrl-C, Gym's launcher sends its servers SIGINT, then SIGKILL a second later: the written server is gone
-# within its drain and this much more, however busy the machine, unless the launcher never acts on the Ctrl-C (it
-# can ignore it for minutes on a loaded machine: Ray's shutdown). Its pool follows it by PR_SET_PDEATHSIG, within as
-# long again: what gymhost answers for is that nothing of its outlives the server that started it.
+# After Ctrl-C the written server is gone within its drain and this much more, however busy the machine (it has the
+# SIGINT, and Gym's launcher sends it SIGINT, then SIGKILL a second later: unless the launcher is slow to act, as it
+# has been for minutes here, in Ray's shutdown). Its pool follows it by PR_SET_PDEATHSIG, within as long again: what
+# gymhost answers for is that nothing of its outlives the server that started it.
 GYMHOST_STOP_BOUND_S = DRAIN_TIMEOUT_S + 60
 # How long the launcher itself (and Ray under it) may take to exit after Ctrl-C before it is killed and reported: its
 # own slowness is Gym's and Ray's, not a failure of gymhost's.
@@ -156,9 +156,12 @@ def test_gyms_launcher_runs_a_written_folder_and_plays_an_episode(tmp_path: Path
             lines = written.read_text().splitlines() if written.exists() else []
             rollouts: list[dict[str, Any]] = [json.loads(line) for line in lines if line.strip()]
         finally:
-            # Stopped as a user stops it: Ctrl-C. It stops its servers (SIGINT, then SIGKILL after a second) and Ray.
+            # Stopped as a user stops it: Ctrl-C, which a terminal sends to its foreground process group: the
+            # launcher and the servers it started (which the launcher also sends SIGINT, then SIGKILL after a
+            # second), and Ray.
             if launcher.poll() is None:
-                launcher.send_signal(signal.SIGINT)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(launcher.pid, signal.SIGINT)  # (its own group: started in a session of its own)
             stop_noted = time.monotonic()
             server_ended = server_stopped(gymhosts[:1], stop_noted + GYMHOST_STOP_BOUND_S)
             gymhost_left = wait_for_gone(gymhosts, server_ended + GYMHOST_STOP_BOUND_S)
@@ -187,16 +190,15 @@ def test_gyms_launcher_runs_a_written_folder_and_plays_an_episode(tmp_path: Path
 
 
 def server_stopped(server: list[int], deadline: float) -> float:
-    """When the written server's process (``server``: it, or nothing if the test never found it) ended. The launcher
-    stops it on Ctrl-C; if it has not by ``deadline`` (the launcher is ignoring the Ctrl-C), it is killed here, as the
-    launcher would have killed it a second after its SIGINT, and that is reported in the test's warnings: Gym's
-    slowness, not gymhost's."""
+    """When the written server's process (``server``: it, or nothing if the test never found it) ended: it stops on
+    the Ctrl-C. If it has not by ``deadline``, it is killed here, as the launcher would have killed it a second after
+    its SIGINT, and that is reported in the test's warnings."""
     if wait_for_gone(server, deadline):
         for pid in server:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         wait_for_gone(server, time.monotonic() + 30)
-        warnings.warn("Gym's launcher had not stopped the written server after Ctrl-C: killed it", stacklevel=1)
+        warnings.warn("the written server had not stopped after Ctrl-C: killed it", stacklevel=1)
     return time.monotonic()
 
 
