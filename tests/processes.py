@@ -215,6 +215,14 @@ def children(pid: int) -> list[int]:
     return sorted(found)
 
 
+def command_line(pid: int) -> str:
+    """A process's command line, its arguments separated by NUL bytes ("" once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text()
+    except OSError:
+        return ""
+
+
 def parent(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as stat:
         return int(stat.read().rsplit(")", 1)[1].split()[1])

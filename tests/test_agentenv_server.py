@@ -286,6 +286,39 @@ async def test_close_session_tears_the_episode_down(folder: Path, fresh: bool) -
         assert (await episode.post("/seed_session", row)).status_code == 409
 
 
+async def test_a_verify_mid_episode_spends_the_session_and_earns_nothing(folder: Path) -> None:
+    """Gym's agents POST any function call the model makes to ``/<its name>`` with the episode's cookie, so the model
+    can call ``verify`` itself mid-episode, with a transcript of its own making: it is graded (the criteria say what
+    was expected), and the episode is over. A seed on that session does not start it over (the model would replay
+    what it learned), and the trainer's own verify is refused (409, the first verdict repeated): a failed rollout,
+    never a reward."""
+    async with served(folder, source={"instances": 1, "max_instances": 1}) as transport:
+        row = row_for(folder, "corridor-east")
+        episode = EpisodeClient(BASE, transport=transport)
+        await episode.seed(row)
+        rogue = await episode.post("/verify", {"responses_create_params": {"input": []}, **_a_response("a guess")})
+        assert (rogue.status_code, rogue.json()["reward"]) == (200, 0.0), rogue.text
+        again = await episode.post("/seed_session", row)
+        assert again.status_code == 409, again.text
+        assert again.json()["detail"].endswith("was verified; a new episode needs a new session"), again.text
+        for direction in ("right", "right", "right"):  # the walk the criteria asked for, played too late
+            assert (await episode.call_tool("gridsim_move", {"direction": direction})).status_code == 409
+        late = await episode.post("/verify", {**row, "response": episode.transcript.response("")})
+        assert late.status_code == 409, late.text
+        assert late.json()["verdict"]["reward"] == 0.0, late.text
+        fresh = EpisodeClient(BASE, transport=transport)  # a new episode, in a new session, is another matter
+        await fresh.seed(row)
+        assert (await pool_status(BASE, transport))["open_episodes"] == 1
+
+
+def _a_response(text: str) -> dict[str, Any]:
+    """A ``response`` field as a model could write one: a Responses object with one assistant message."""
+    message = {"type": "message", "id": "m", "role": "assistant", "status": "completed"}
+    message["content"] = [{"type": "output_text", "text": text, "annotations": []}]
+    fields = {"id": "r", "created_at": 0, "model": "m", "object": "response", "parallel_tool_calls": False}
+    return {"response": {**fields, "output": [message], "tool_choice": "auto", "tools": []}}
+
+
 async def test_seeds_wait_for_a_lease_visibly_then_answer_503_naming_the_limit(folder: Path) -> None:
     async with served(folder, source={"instances": 1, "max_instances": 1}, lease_timeout_s=1) as transport:
         row = row_for(folder, "corridor-east")

@@ -31,7 +31,7 @@ from gymhost.environments._pool import Pool
 from gymhost.environments._settings import PoolSettings
 
 from .agentenv_helpers import until_described
-from .processes import STATE_TIMEOUT_S, alive, children, descendants
+from .processes import STATE_TIMEOUT_S, alive, children, command_line, descendants
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -300,13 +300,6 @@ from gymhost.environments._settings import PoolSettings
 
 asyncio.run(BundleLauncher(Path(sys.argv[1])).launch(0, PoolSettings()))
 """
-
-
-def command_line(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_text()
-    except OSError:  # gone
-        return ""
 
 
 def test_a_template_stuck_in_a_constructor_dies_with_the_server(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from gymhost import EpisodeClient
 from gymhost.environments import awrite_folder
 
 from .agentenv_helpers import COUNTER_ENV, make_bundle, pool_status, rows, served
-from .processes import STATE_TIMEOUT_S, alive, children, hosting, parent
+from .processes import STATE_TIMEOUT_S, alive, children, command_line, hosting, parent
 from .verdicts import verdict
 
 pytestmark = [pytest.mark.nemo_gym, pytest.mark.anyio, pytest.mark.usefixtures("clean_env")]
@@ -114,7 +114,8 @@ async def test_instances_free_past_instance_idle_s_are_stopped_down_to_the_minim
         assert status["counters"]["instances_stopped"] == 3
         kept = [status["instances"][0]["pid"]]
         template = parent(kept[0])  # instances are forked from the pool's template process
-        assert children(os.getpid()) == hosting(os.getpid(), template)[:1]
+        mine = children(os.getpid())
+        assert mine == hosting(os.getpid(), template)[:1], [command_line(pid) for pid in mine]
         deadline = time.monotonic() + STATE_TIMEOUT_S  # stopped gracefully, then reaped
         while children(template) != kept and time.monotonic() < deadline:
             await asyncio.sleep(0.1)

@@ -161,12 +161,17 @@ class Episodes:
                 if existing.failure is None:
                     return existing
                 await self._shielded(self._teardown(existing, None))  # that seed failed: this one tries again
-        if key in self._closed:
-            raise SessionConflictError(f"session {key} was closed; a new episode needs a new session")
+        # A session plays one episode: once closed or verified, a seed on it would start the episode over and drop
+        # its verdict. Through Gym's agents, which POST any function call the model makes to /<its name>, the model
+        # could verify mid-episode (its answer graded, the expected values shown), seed again on the same cookie and
+        # replay what it learned for the trainer's verify. (A seed that failed, or an episode that expired, may be
+        # seeded again: its masked verdict is dropped, as it was never played or is over unanswered.)
+        spent = "was closed" if key in self._closed else "was verified" if key in self._answered else None
+        if spent is not None:
+            raise SessionConflictError(f"session {key} {spent}; a new episode needs a new session")
         episode = Episode(key, split, task, identity)
         self._episodes[key] = episode
         self._verdicts.pop(key)
-        self._answered.pop(key)
         return await self._shielded(self._seed(episode))
 
     async def call_tool(self, key: str, name: str, arguments: dict[str, Any]) -> Reply:
