@@ -165,7 +165,8 @@ class Episodes:
         # its verdict. Through Gym's agents, which POST any function call the model makes to /<its name>, the model
         # could verify mid-episode (its answer graded, the expected values shown), seed again on the same cookie and
         # replay what it learned for the trainer's verify. (A seed that failed, or an episode that expired, may be
-        # seeded again: its masked verdict is dropped, as it was never played or is over unanswered.)
+        # seeded again while its masked verdict waits unanswered, which the seed drops; once a verify answered it,
+        # the session was verified.) Held for ``remember_s``, as closed sessions are.
         spent = "was closed" if key in self._closed else "was verified" if key in self._answered else None
         if spent is not None:
             raise SessionConflictError(f"session {key} {spent}; a new episode needs a new session")
