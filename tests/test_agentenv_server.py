@@ -311,6 +311,50 @@ async def test_a_verify_mid_episode_spends_the_session_and_earns_nothing(folder:
         assert (await pool_status(BASE, transport))["open_episodes"] == 1
 
 
+async def test_a_model_cannot_move_its_episode_to_a_task_of_its_choice_or_end_another(
+    folder: Path, gym_version: tuple[int, ...]
+) -> None:
+    """nemo-gym 0.5+'s seed and close may name a session in their body. Through Gym's agents (function calls POSTed
+    to ``/<name>`` with the episode's cookie, each answer's Set-Cookie kept for the trainer's verify), a model could
+    seed a session of its naming with a task of its choice and be graded on that, or close another rollout's
+    episode. A request carrying one session's cookie acts on no other: 409, and the other rollout plays on."""
+
+    async def agent_post(path: str, body: dict[str, Any]) -> httpx.Response:
+        answer = await model.post(path, body)
+        model.cookies.update(answer.cookies)  # as simple_agent keeps them
+        return answer
+
+    def named(session: str, task: str) -> dict[str, Any]:
+        ids = {"resources_session_id": session, "episode_id": {"rollout_id": "r"}}
+        task_data = {"task_id": task, "split": "eval"}
+        return {**ids, "task_id": {"taskset": "gridsim", "task_id": task}, "task_data": task_data}
+
+    async with served(folder, source={"instances": 2, "max_instances": 2}) as transport:
+        row, easy = row_for(folder, "corridor-east"), row_for(folder, "reach-corner")
+        model, other = EpisodeClient(BASE, transport=transport), EpisodeClient(BASE, transport=transport)
+        await model.seed(row)
+        move = named("the-models-own", "reach-corner")
+        if gym_version < (0, 5):  # no such flow: the body is a row without a task
+            assert (await agent_post("/seed_session", move)).status_code == 422
+            assert (await model.verify(row))["reward"] == 0.0  # its own episode, graded as played
+            return
+        await other.seed(named("rs-other", "corridor-east"))
+        close_other = {"resources_session_id": "rs-other", "episode_id": {"rollout_id": "r"}}
+        refused = await agent_post("/close_session", close_other)
+        assert refused.status_code == 409, refused.text
+        assert (await agent_post("/seed_session", move)).status_code == 409
+        assert (await agent_post("/close_session", {})).status_code == 200  # its own: allowed, and it ends there
+        refused = await agent_post("/seed_session", move)  # the closed session's cookie still binds the request
+        assert refused.status_code == 409, refused.text
+        assert "must come without it" in refused.json()["detail"], refused.text
+        assert (await pool_status(BASE, transport))["open_episodes"] == 1  # the other rollout's, and no new one
+        for call in TASKS["corridor-east"].solution.tool_calls:  # type: ignore[union-attr]
+            assert (await other.call_tool(call.name, call.arguments)).ok
+        assert (await other.verify(row))["reward"] == 1.0
+        late = await agent_post("/verify", {**easy, "response": model.transcript.response("")})
+        assert late.status_code == 409, late.text  # the trainer's verify: no reward, for any task
+
+
 def _a_response(text: str) -> dict[str, Any]:
     """A ``response`` field as a model could write one: a Responses object with one assistant message."""
     message = {"type": "message", "id": "m", "role": "assistant", "status": "completed"}

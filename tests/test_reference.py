@@ -731,6 +731,9 @@ ELSEWHERE: dict[Promise, tuple[str, ...]] = {
         "tests/test_agentenv_server.py::test_seeds_wait_for_a_lease_visibly_then_answer_503_naming_the_limit",
         "tests/test_reference.py::test_apps_and_gateways_not_started_are_not_ready",
     ),
+    (WRITTEN_ROUTES, "POST /close_session", 409): (
+        "tests/test_agentenv_server.py::test_a_model_cannot_move_its_episode_to_a_task_of_its_choice_or_end_another",
+    ),
     (WRITTEN_ROUTES, "POST /<tool>", 503): (
         "tests/test_agentenv_server.py::test_killing_the_leased_instance_masks_the_episode_and_the_pool_recovers",
     ),

@@ -175,6 +175,27 @@ class Episodes:
         self._verdicts.pop(key)
         return await self._shielded(self._seed(episode))
 
+    def refuse_another_session(self, key: str, cookie_key: str | None, *, closing: bool = False) -> None:
+        """Refuse a seed or close that names session ``key`` in its body (nemo-gym 0.5+'s ``resources_session_id``
+        flow) from a request whose cookie holds another session this server knows.
+
+        A caller that plays each session with its own cookies (an Environment Server, gymhost's clients) never does
+        that; a model does, through Gym's agents, which POST its function calls to ``/<name>`` with its episode's
+        cookie and keep the answer's Set-Cookie. A seed naming a new session and a task of its choice would move the
+        cookie, and the trainer's verify, to that task; a close would end another rollout's episode. A seed is refused
+        from any session remembered, a closed one too (the model could close its own first); a close only from one
+        not yet closed (a client's close of a never-seeded id after closing its own is nemo-gym's contract check).
+        """
+        if cookie_key is None or cookie_key == key:
+            return
+        if closing and cookie_key in self._closed:
+            return
+        if any(cookie_key in known for known in (self._episodes, self._answered, self._verdicts, self._closed)):
+            raise SessionConflictError(
+                f"this request carries the cookie of session {cookie_key}; a {'close' if closing else 'seed'} naming"
+                f" session {key} must come without it (each session is played with its own cookies)"
+            )
+
     async def call_tool(self, key: str, name: str, arguments: dict[str, Any]) -> Reply:
         episode = self._episodes.get(key)
         if episode is None:

@@ -177,6 +177,10 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         if _RESOURCES_FLOW and isinstance(body, gym.ResourcesSeedSessionRequest):
             # The caller names the session; the cookie carries that name so tool calls and verify find it.
             key = body.resources_session_id
+            try:
+                runtime.refuse_another_session(key, request.session.get(SESSION_ID_KEY))
+            except SessionConflictError as error:
+                return _error(409, str(error))
             request.session[SESSION_ID_KEY] = key
             split = body.task_data.get("split")
             task_id = body.task_data.get("task_id") or body.task_id.task_id
@@ -214,7 +218,12 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
     async def close_resources_session(self, request: Request, body: CloseBody) -> Response:
         if _RESOURCES_FLOW and isinstance(body, gym.ResourcesCloseSessionRequest):
             key = body.resources_session_id
-            await self._running().close(key)
+            runtime = self._running()
+            try:
+                runtime.refuse_another_session(key, request.session.get(SESSION_ID_KEY), closing=True)
+            except SessionConflictError as error:
+                return _error(409, str(error))
+            await runtime.close(key)
             return JSONResponse(gym.ResourcesCloseSessionResponse(resources_session_id=key).model_dump(mode="json"))
         await self._running().close(request.session[SESSION_ID_KEY])
         return JSONResponse({})
