@@ -57,6 +57,12 @@ def read(path):
     with open(path, "rb") as file:
         return file.read()
 
+def content(path):
+    try:
+        return read(path).decode()
+    except OSError as error:
+        return os.strerror(error.errno)
+
 print(json.dumps({
     "uid": os.getuid(),
     "shadow": attempt(lambda: read("/etc/shadow")),
@@ -70,16 +76,36 @@ print(json.dumps({
     "outside": attempt(lambda: connect(OUTSIDE, 9)),
     "processes": sum(entry.isdigit() for entry in os.listdir("/proc")),
     "scratch": attempt(lambda: write_in("/tmp")),
+    "rows": content(ROWS),
+    "its own data": content(OWN_DATA),
 }))
 """
 
 ROW = {"responses_create_params": {"input": [{"role": "user", "content": "reach"}]}}
 
 
+# The trainer's rows, declared as Gym's configs declare them (in an agent's block, relative to the Gym root), and a
+# file of the server's own beside them, which it may read (wordle reads its data/guesses.txt).
+DATASETS = """\
+runner_simple_agent:
+  responses_api_agents:
+    simple_agent:
+      entrypoint: app.py
+      datasets:
+      - name: train
+        type: train
+        jsonl_fpath: servers/runner/data/train.jsonl
+"""
+ROWS_TEXT = '{"hidden_tests": "the answers"}\n'
+
+
 def runner_folder(tmp_path: Path) -> Path:
-    return make_folder(
-        tmp_path / "servers", name="runner", config=CONFIG.format(key="runner", name="runner"), app=RUNNER
-    )
+    config = CONFIG.format(key="runner", name="runner") + DATASETS
+    folder = make_folder(tmp_path / "servers", name="runner", config=config, app=RUNNER)
+    (folder / "data").mkdir()
+    (folder / "data" / "train.jsonl").write_text(ROWS_TEXT)
+    (folder / "data" / "guesses.txt").write_text("crane")
+    return folder
 
 
 async def reach_from_the_models_code(tmp_path: Path, *options: str) -> tuple[dict[str, Any], str]:
@@ -95,6 +121,8 @@ async def reach_from_the_models_code(tmp_path: Path, *options: str) -> tuple[dic
         assert kept.is_file(), server.output  # made by the supervisor, outside
         code = REACH.replace("FOLDER", repr(str(folder))).replace("VENV", repr(VENV_PACKAGES))
         code = code.replace("KEPT", repr(str(kept))).replace("PORT", str(port)).replace("OUTSIDE", repr(_an_address()))
+        code = code.replace("OWN_DATA", repr(str(folder / "data" / "guesses.txt")))
+        code = code.replace("ROWS", repr(str(folder / "data" / "train.jsonl")))
         async with EpisodeClient(server.url) as episode:
             await episode.seed(ROW)
             answer = await episode.post("/verify", {**ROW, "response": response_saying(code)})
@@ -121,6 +149,11 @@ async def test_a_confined_gym_server_and_the_code_it_runs_reach_nothing_beyond_t
     assert reached["outside"] == "Network is unreachable", reached
     assert reached["processes"] <= 4, reached  # the sandbox's: its first, the server, the code and its shell
     assert reached["scratch"] == "done", reached
+    assert "its dataset rows out of sight (1 file its configs declare)" in output, output
+    # The rows and their answers, never the server's to read: covered by /dev/null, which a mount without devices
+    # refuses to open.
+    assert reached["rows"] == "Permission denied", reached
+    assert reached["its own data"] == "crane", reached
 
 
 async def test_sandbox_off_leaves_the_same_code_the_servers_reach(tmp_path: Path) -> None:
@@ -133,6 +166,7 @@ async def test_sandbox_off_leaves_the_same_code_the_servers_reach(tmp_path: Path
         for attempt in ("shadow", "server memory", "server environment", "kept secret"):
             assert reached[attempt] == "done", (attempt, reached)
     assert reached["processes"] > 4, reached
+    assert (reached["rows"], reached["its own data"]) == (ROWS_TEXT, "crane"), reached
 
 
 async def test_a_confined_server_drains_on_sigterm_and_leaves_no_process(tmp_path: Path) -> None:

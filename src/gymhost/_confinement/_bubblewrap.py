@@ -123,7 +123,8 @@ class Bubblewrap:
             hidden = source in covers
             if node in unseen and not hidden:  # (under a cover, it is out of sight already)
                 covers.add(node)
-                operations += ["--tmpfs", str(node)]
+                # A folder covered by an empty one; a file by an empty file (a file is no mount point for a tmpfs).
+                operations += ["--tmpfs", str(node)] if node.is_dir() else ["--ro-bind", "/dev/null", str(node)]
             elif node in wanted and (hidden or wanted[node]):
                 bound.add(node)
                 operations += ["--bind" if wanted[node] else "--ro-bind", str(node), str(node)]

@@ -23,7 +23,15 @@ from typing import Any
 
 from .._exceptions import FolderError
 
-__all__ = ["ENV_YAML", "ServerSpec", "existing_folder", "find_env_yaml", "load_server_spec", "referenced_servers"]
+__all__ = [
+    "ENV_YAML",
+    "ServerSpec",
+    "declared_datasets",
+    "existing_folder",
+    "find_env_yaml",
+    "load_server_spec",
+    "referenced_servers",
+]
 
 _RESOURCES_SERVERS = "resources_servers"
 ENV_YAML = "env.yaml"
@@ -165,6 +173,37 @@ def existing_folder(folder: str | Path) -> Path:
     if not path.is_dir():
         raise FolderError(f"{path}: not a folder; expected a resources-server folder with app.py and configs/")
     return path.resolve()
+
+
+def declared_datasets(folder: Path) -> list[Path]:
+    """The dataset files the folder's configs declare (``datasets: [{jsonl_fpath: ...}]``, in an agent's block,
+    relative to the Gym root the folder sits in or to the working directory, as Gym's launcher reads them) that are
+    on this machine. They are the trainer's rows: a server is sent each row in a request and never reads them."""
+    from omegaconf import OmegaConf
+
+    def paths(node: Any) -> Iterator[str]:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "jsonl_fpath" and isinstance(value, str):
+                    yield value
+                else:
+                    yield from paths(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from paths(value)
+
+    found: dict[Path, None] = {}
+    for config_file in _config_files(folder):
+        try:
+            config = OmegaConf.to_container(_load_yaml(config_file), resolve=False)
+        except (FolderError, ValueError):
+            continue  # not this module's to judge: serving reads only the server's own config
+        for declared in paths(config):
+            for root in (folder.parent.parent, Path.cwd()):
+                path = root / declared  # an absolute path stays itself
+                if path.is_file():
+                    found[path.resolve()] = None
+    return list(found)
 
 
 def _config_files(root: Path) -> list[Path]:

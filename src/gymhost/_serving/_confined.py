@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from .._config import SECRET_ENV_VAR, ServeConfig, configured_network, configured_sandbox, secret_settings
-from .._hosting._folder import find_env_yaml, load_server_spec, referenced_servers
+from .._hosting._folder import declared_datasets, find_env_yaml, load_server_spec, referenced_servers
 from .._hosting._targets import Target
 from .._metrics import METRICS_FOLDER_ENV_VAR, shared_metrics_folder
 from .._scratch import remove
@@ -93,6 +93,8 @@ def serve_confined(
     chosen = confinement("strict")
     rules = chosen.rules(hidden=(), limits=Limits(), network=confined.network)
     readable = [*confined.folders, *{found for f in confined.folders if (found := find_env_yaml(f)) is not None}]
+    # The rows with their answers (code_gen's hidden tests): the model's code its verify runs would print them back.
+    rows = [path for folder in confined.folders for path in declared_datasets(folder)]
     # The secrets travel in the pipe, with the config: an environment would stay in the sandbox's first process,
     # readable by the code the server runs where bubblewrap makes a user namespace (a server that is not root).
     secrets = {**secret_settings(), SECRET_ENV_VAR: process_secret()}
@@ -109,9 +111,13 @@ def serve_confined(
         writable=[own] if own is not None else [],
         network=confined.network,
         workdir=Path.cwd(),  # where relative paths and Gym's env.yaml are looked for, as unconfined
+        unreadable=rows,
     )
     network = f"the network ({confined.why_network})" if confined.network else "no network"
-    say(f"its own code runs confined: {chosen.description}; its folders read-only, a private /tmp, {network}")
+    hidden = ""
+    if rows:
+        hidden = f"; its dataset rows out of sight ({len(rows)} file{'s' * (len(rows) != 1)} its configs declare)"
+    say(f"its own code runs confined: {chosen.description}; its folders read-only, a private /tmp, {network}{hidden}")
     supervisor = _Supervisor()
     try:
         with supervisor.passing_signals():  # from before the sandbox starts: a SIGTERM meanwhile is not lost
