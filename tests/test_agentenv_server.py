@@ -314,10 +314,11 @@ async def test_a_verify_mid_episode_spends_the_session_and_earns_nothing(folder:
 async def test_a_model_cannot_move_its_episode_to_a_task_of_its_choice_or_end_another(
     folder: Path, gym_version: tuple[int, ...]
 ) -> None:
-    """nemo-gym 0.5+'s seed and close may name a session in their body. Through Gym's agents (function calls POSTed
-    to ``/<name>`` with the episode's cookie, each answer's Set-Cookie kept for the trainer's verify), a model could
-    seed a session of its naming with a task of its choice and be graded on that, or close another rollout's
-    episode. A request carrying one session's cookie acts on no other: 409, and the other rollout plays on."""
+    """Through Gym's agents (function calls POSTed to ``/<name>`` with the episode's cookie, each answer's Set-Cookie
+    kept for the trainer's verify), a model could seed again with a task of its choice and be graded on that: on its
+    own session once the server has forgotten it (``remember_s``), or, on nemo-gym 0.5+, on a session its seed names;
+    or close another rollout's session by name. A session's cookie says it played an episode: each is a 409, and the
+    other rollout plays on."""
 
     async def agent_post(path: str, body: dict[str, Any]) -> httpx.Response:
         answer = await model.post(path, body)
@@ -329,24 +330,30 @@ async def test_a_model_cannot_move_its_episode_to_a_task_of_its_choice_or_end_an
         task_data = {"task_id": task, "split": "eval"}
         return {**ids, "task_id": {"taskset": "gridsim", "task_id": task}, "task_data": task_data}
 
-    async with served(folder, source={"instances": 2, "max_instances": 2}) as transport:
+    resources_flow = gym_version >= (0, 5)
+    async with served(folder, source={"instances": 2, "max_instances": 2}, remember_s=1) as transport:
         row, easy = row_for(folder, "corridor-east"), row_for(folder, "reach-corner")
         model, other = EpisodeClient(BASE, transport=transport), EpisodeClient(BASE, transport=transport)
         await model.seed(row)
         move = named("the-models-own", "reach-corner")
-        if gym_version < (0, 5):  # no such flow: the body is a row without a task
-            assert (await agent_post("/seed_session", move)).status_code == 422
-            assert (await model.verify(row))["reward"] == 0.0  # its own episode, graded as played
-            return
-        await other.seed(named("rs-other", "corridor-east"))
         close_other = {"resources_session_id": "rs-other", "episode_id": {"rollout_id": "r"}}
-        refused = await agent_post("/close_session", close_other)
-        assert refused.status_code == 409, refused.text
-        assert (await agent_post("/seed_session", move)).status_code == 409
+        if resources_flow:
+            await other.seed(named("rs-other", "corridor-east"))
+            assert (await agent_post("/close_session", close_other)).status_code == 409
+        else:
+            await other.seed(row)
+            assert (await agent_post("/seed_session", move)).status_code == 422  # no such flow: a row without a task
         assert (await agent_post("/close_session", {})).status_code == 200  # its own: allowed, and it ends there
-        refused = await agent_post("/seed_session", move)  # the closed session's cookie still binds the request
-        assert refused.status_code == 409, refused.text
-        assert "must come without it" in refused.json()["detail"], refused.text
+        if resources_flow:  # its closed session's cookie still binds the request
+            assert (await agent_post("/close_session", close_other)).status_code == 409
+        deadline = time.monotonic() + STATE_TIMEOUT_S
+        while (await pool_status(BASE, transport))["remembered"]["closed"]:  # the server forgets the model's session
+            assert time.monotonic() < deadline, "the closed session was never forgotten"
+            await asyncio.sleep(0.2)
+        for attempt in [move, easy] if resources_flow else [easy]:
+            refused = await agent_post("/seed_session", attempt)
+            assert refused.status_code == 409, refused.text
+            assert "played an episode" in refused.json()["detail"], refused.text
         assert (await pool_status(BASE, transport))["open_episodes"] == 1  # the other rollout's, and no new one
         for call in TASKS["corridor-east"].solution.tool_calls:  # type: ignore[union-attr]
             assert (await other.call_tool(call.name, call.arguments)).ok
@@ -420,6 +427,10 @@ async def test_idle_episodes_expire_and_free_their_instance(folder: Path) -> Non
         deadline = time.monotonic() + STATE_TIMEOUT_S
         while (await pool_status(BASE, transport))["open_episodes"] and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
+        for task in ("reach-corner", "corridor-east"):  # not started over, with any task (the model idled)
+            refused = await episode.post("/seed_session", row_for(folder, task))
+            assert refused.status_code == 409, refused.text
+            assert "expired; a new episode needs a new session" in refused.json()["detail"], refused.text
         answer = await verdict(episode, row)
         assert (answer["mask_sample"], answer["failure_kind"]) == (True, "session_expired")
         assert (await play(BASE, row, transport=transport))["reward"] == 1.0

@@ -148,8 +148,12 @@ class Episodes:
             raise UnknownTaskError(f"no task {task_id!r} in {where}")
         raise UnknownTaskError(f"task id {task_id!r} is in several splits; the row must name its split")
 
-    async def seed(self, key: str, split: str | None, task_id: str, identity: Hashable | None = None) -> Episode:
-        """Start the episode for session ``key``. Repeating a seed for the same task and identity is a no-op."""
+    async def seed(
+        self, key: str, split: str | None, task_id: str, identity: Hashable | None = None, *, again: bool = False
+    ) -> Episode:
+        """Start the episode for session ``key``. Repeating a seed for the same task and identity is a no-op.
+        ``again``: the session itself says it was seeded before (its signed cookie), so nothing but that repeat, or
+        the retry of a seed that failed, may follow, whatever this server still remembers of it."""
         split, task = self.find_task(split, task_id)
         while (existing := self._episodes.get(key)) is not None:
             if existing.task is not task or existing.identity != identity:
@@ -161,13 +165,21 @@ class Episodes:
                 if existing.failure is None:
                     return existing
                 await self._shielded(self._teardown(existing, None))  # that seed failed: this one tries again
-        # A session plays one episode: once closed or verified, a seed on it would start the episode over and drop
-        # its verdict. Through Gym's agents, which POST any function call the model makes to /<its name>, the model
-        # could verify mid-episode (its answer graded, the expected values shown), seed again on the same cookie and
-        # replay what it learned for the trainer's verify. (A seed that failed, or an episode that expired, may be
-        # seeded again while its masked verdict waits unanswered, which the seed drops; once a verify answered it,
-        # the session was verified.) Held for ``remember_s``, as closed sessions are.
+        # A session plays one episode: once closed, verified or expired, a seed on it would start the episode over
+        # and drop its verdict. Through Gym's agents, which POST any function call the model makes to /<its name>,
+        # the model could verify mid-episode (its answer graded, the expected values shown), or idle past
+        # idle_timeout_s, then seed again on the same cookie, with the task of its choice, and replay what it learned
+        # for the trainer's verify. Only a seed that failed may be tried again, for its own task, while its masked
+        # verdict waits unanswered (the 503 Retry-After contract).
+        pending = self._verdicts.get(key)
         spent = "was closed" if key in self._closed else "was verified" if key in self._answered else None
+        if spent is None and pending is not None and pending.failure is not None:
+            if pending.failure.kind == SESSION_EXPIRED:
+                spent = "expired"
+            elif pending.task_id != task.id:
+                spent = f"failed to seed task {pending.task_id!r}, the only task it may seed again"
+        if spent is None and again and pending is None:
+            spent = "has played an episode"
         if spent is not None:
             raise SessionConflictError(f"session {key} {spent}; a new episode needs a new session")
         episode = Episode(key, split, task, identity)
@@ -175,26 +187,9 @@ class Episodes:
         self._verdicts.pop(key)
         return await self._shielded(self._seed(episode))
 
-    def refuse_another_session(self, key: str, cookie_key: str | None, *, closing: bool = False) -> None:
-        """Refuse a seed or close that names session ``key`` in its body (nemo-gym 0.5+'s ``resources_session_id``
-        flow) from a request whose cookie holds another session this server knows.
-
-        A caller that plays each session with its own cookies (an Environment Server, gymhost's clients) never does
-        that; a model does, through Gym's agents, which POST its function calls to ``/<name>`` with its episode's
-        cookie and keep the answer's Set-Cookie. A seed naming a new session and a task of its choice would move the
-        cookie, and the trainer's verify, to that task; a close would end another rollout's episode. A seed is refused
-        from any session remembered, a closed one too (the model could close its own first); a close only from one
-        not yet closed (a client's close of a never-seeded id after closing its own is nemo-gym's contract check).
-        """
-        if cookie_key is None or cookie_key == key:
-            return
-        if closing and cookie_key in self._closed:
-            return
-        if any(cookie_key in known for known in (self._episodes, self._answered, self._verdicts, self._closed)):
-            raise SessionConflictError(
-                f"this request carries the cookie of session {cookie_key}; a {'close' if closing else 'seed'} naming"
-                f" session {key} must come without it (each session is played with its own cookies)"
-            )
+    def holds(self, key: str) -> bool:
+        """Whether a close of session ``key`` would end something: an episode, or a masked verdict waiting."""
+        return key in self._episodes or key in self._verdicts
 
     async def call_tool(self, key: str, name: str, arguments: dict[str, Any]) -> Reply:
         episode = self._episodes.get(key)

@@ -43,6 +43,18 @@ __all__ = ["WrittenResourcesServer", "WrittenResourcesServerConfig"]
 # nemo-gym 0.5+ has the Environment Server session contract; 0.4.0 knows only the cookie flow.
 _RESOURCES_FLOW = hasattr(gym, "ResourcesSeedSessionRequest")
 
+# Set in a session's signed cookie by its seed: the session has played an episode. A session plays one, and its cookie
+# says so to this server however long ago that was (``Episodes.seed``'s ``again``), and to a request that names
+# another session in its body (nemo-gym 0.5+'s resources flow). Gym's agents POST the model's function calls to
+# ``/<name>`` with its episode's cookie, and keep the answer's Set-Cookie for the trainer's verify: a seed naming a
+# session and task of the model's choice would move that verify there, a close would end another rollout's episode.
+# A caller that plays each session with its own cookies (an Environment Server, gymhost's clients) never does either.
+_SEEDED = "gymhost_seeded"
+_ANOTHER_SESSION = (
+    "this request carries the cookie of a session that played an episode; a {call} naming session {key} must come "
+    "without it (each session is played with its own cookies)"
+)
+
 
 class WrittenResourcesServerConfig(gym.BaseResourcesServerConfig, PoolFields, EpisodeFields):  # type: ignore[misc]
     """A written server's config block: Gym's fields, the environment and its source, and the limits (declared, with
@@ -174,13 +186,12 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
 
     async def seed_session(self, request: Request, body: SeedBody) -> Response:
         runtime = self._running()
+        seeded = bool(request.session.get(_SEEDED))
         if _RESOURCES_FLOW and isinstance(body, gym.ResourcesSeedSessionRequest):
             # The caller names the session; the cookie carries that name so tool calls and verify find it.
             key = body.resources_session_id
-            try:
-                runtime.refuse_another_session(key, request.session.get(SESSION_ID_KEY))
-            except SessionConflictError as error:
-                return _error(409, str(error))
+            if seeded and request.session.get(SESSION_ID_KEY) != key:
+                return _error(409, _ANOTHER_SESSION.format(call="seed", key=key))
             request.session[SESSION_ID_KEY] = key
             split = body.task_data.get("split")
             task_id = body.task_data.get("task_id") or body.task_id.task_id
@@ -188,11 +199,14 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         else:
             key, split, task_id, identity = request.session[SESSION_ID_KEY], body.split, body.task_id, None
         try:
-            episode = await runtime.seed(key, split if isinstance(split, str) else None, str(task_id), identity)
+            episode = await runtime.seed(
+                key, split if isinstance(split, str) else None, str(task_id), identity, again=seeded
+            )
         except UnknownTaskError as error:
             return _error(404, str(error))
         except SessionConflictError as error:
             return _error(409, str(error))
+        request.session[_SEEDED] = True  # in the answer's cookie, a failed seed's included
         if episode.failure is not None:
             detail = {"detail": episode.failure.reason, "failure_kind": episode.failure.kind}
             return JSONResponse(detail, status_code=503, headers={"Retry-After": "1"})
@@ -219,10 +233,9 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         if _RESOURCES_FLOW and isinstance(body, gym.ResourcesCloseSessionRequest):
             key = body.resources_session_id
             runtime = self._running()
-            try:
-                runtime.refuse_another_session(key, request.session.get(SESSION_ID_KEY), closing=True)
-            except SessionConflictError as error:
-                return _error(409, str(error))
+            mine = not request.session.get(_SEEDED) or request.session.get(SESSION_ID_KEY) == key
+            if not mine and runtime.holds(key):  # (a close that ends nothing is harmless: Gym's contract check)
+                return _error(409, _ANOTHER_SESSION.format(call="close", key=key))
             await runtime.close(key)
             return JSONResponse(gym.ResourcesCloseSessionResponse(resources_session_id=key).model_dump(mode="json"))
         await self._running().close(request.session[SESSION_ID_KEY])
