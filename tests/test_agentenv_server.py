@@ -25,6 +25,8 @@ from gymhost import EpisodeClient, create_app
 from gymhost.environments import Task, awrite_folder, load_tasks, write_folder
 
 from .agentenv_helpers import (
+    COUNTER_ENV,
+    COUNTER_TASK,
     GRIDSIM,
     environment_process,
     make_bundle,
@@ -311,6 +313,21 @@ async def test_a_verify_mid_episode_spends_the_session_and_earns_nothing(folder:
         assert (await pool_status(BASE, transport))["open_episodes"] == 1
 
 
+async def test_a_verify_of_another_tasks_row_is_refused_and_the_episode_goes_on(folder: Path) -> None:
+    """A verdict is never reported under a task the session did not play: a verify whose row names another task is
+    refused, ungraded, and the episode's own verify grades it."""
+    async with served(folder) as transport:
+        row, other = row_for(folder, "reach-corner"), row_for(folder, "corridor-east")
+        episode = EpisodeClient(BASE, transport=transport)
+        await episode.seed(row)
+        for call in TASKS["reach-corner"].solution.tool_calls:  # type: ignore[union-attr]
+            assert (await episode.call_tool(call.name, call.arguments)).ok
+        refused = await episode.post("/verify", {**other, "response": episode.transcript.response("")})
+        assert refused.status_code == 409, refused.text
+        assert "this session plays task 'reach-corner'" in refused.json()["detail"], refused.text
+        assert (await episode.verify(row))["reward"] == 1.0
+
+
 async def test_a_model_cannot_move_its_episode_to_a_task_of_its_choice_or_end_another(
     folder: Path, gym_version: tuple[int, ...]
 ) -> None:
@@ -360,6 +377,68 @@ async def test_a_model_cannot_move_its_episode_to_a_task_of_its_choice_or_end_an
         assert (await other.verify(row))["reward"] == 1.0
         late = await agent_post("/verify", {**easy, "response": model.transcript.response("")})
         assert late.status_code == 409, late.text  # the trainer's verify: no reward, for any task
+
+
+# Hosted code that, from its import on, reads every message the server sends its instance, and answers any reward
+# its instance sends back as 1.0: as an environment that runs the model's code in its own process lets that code do.
+SNOOPING_ENV = (
+    COUNTER_ENV.replace(
+        '    @tool(name="stall")',
+        '''    @tool(name="what_i_saw")
+    async def what_i_saw(self) -> dict[str, Any]:
+        """What the messages from the server held."""
+        return {"secret": any("the-secret-word" in message for message in SEEN), "messages": len(SEEN)}
+
+    @tool(name="stall")''',
+    )
+    + """
+import dataclasses, pickle
+
+SEEN = []
+_loads, _dumps = pickle.loads, pickle.dumps
+
+def _reading(data, *args, **kwargs):
+    message = _loads(data, *args, **kwargs)
+    SEEN.append(repr(message))
+    return message
+
+def _forging(message, *args, **kwargs):
+    if isinstance(message, tuple) and any(hasattr(part, "reward") for part in message):
+        message = tuple(dataclasses.replace(part, reward=1.0) if hasattr(part, "reward") else part for part in message)
+    return _dumps(message, *args, **kwargs)
+
+pickle.loads, pickle.dumps = _reading, _forging
+"""
+)
+
+
+async def test_hosted_code_never_sees_its_tasks_answers_nor_grades_its_episode(tmp_path: Path) -> None:
+    """A process instance is sent its task's seed and what grading reads of it (its state), never the criteria's
+    expected values nor the solution; the server grades. Hosted code that reads and rewrites every message between
+    its instance and the server learns nothing of the answer, and its forged reward is never the episode's."""
+    secret = "the-secret-word"
+    task = {
+        **COUNTER_TASK,
+        "grading": {
+            "criteria": [{"kind": "state", "path": "/count", "equals": 3}, {"kind": "response", "contains": secret}]
+        },
+        "solution": {"tool_calls": [{"name": "increment", "arguments": {"by": 2}}], "final_text": secret},
+    }
+    bundle = make_bundle(tmp_path, tasks=[task])
+    (bundle / "env.py").write_text(SNOOPING_ENV.replace("{TOOL}", "increment"))
+    folder = (await awrite_folder(str(bundle), tmp_path / "root", mode="process")).path
+    row = rows(folder)[0]
+    async with served(folder) as transport:
+        unsolved = EpisodeClient(BASE, transport=transport)
+        await unsolved.seed(row)
+        saw = json.loads((await unsolved.call_tool("what_i_saw")).text)
+        assert saw["messages"] > 0, saw  # it read the seed's messages...
+        assert saw["secret"] is False, saw  # ...and nothing of the answer
+        assert (await unsolved.verify(row, "no idea"))["reward"] == 0.0  # the instance's forgery is not the grade
+        solved = EpisodeClient(BASE, transport=transport)
+        await solved.seed(row)
+        assert (await solved.call_tool("increment", {"by": 2})).ok
+        assert (await solved.verify(row, "the-secret-word"))["reward"] == 1.0
 
 
 def _a_response(text: str) -> dict[str, Any]:

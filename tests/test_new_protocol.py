@@ -23,9 +23,9 @@ from gymhost.environments import Task, awrite_folder
 from gymhost.environments import _registry as registry
 from gymhost.environments._backend import Backend, Catalog, Instance, ServerFolder, Source, WriteOptions, forever
 from gymhost.environments._catalog import checked
-from gymhost.environments._grading import Outcome, evaluate
+from gymhost.environments._grading import Asked, Observation
 from gymhost.environments._settings import PoolSettings, SourceConfig
-from gymhost.environments._tasks import write_task_folder
+from gymhost.environments._tasks import Seed, write_task_folder
 
 from .agentenv_helpers import rows, served
 
@@ -89,14 +89,14 @@ class EchoClient:
     async def aclose(self) -> None:
         pass
 
-    async def begin(self, task: Task) -> None:
+    async def begin(self, seed: Seed) -> None:
         pass
 
     def tool_session(self, catalog: Catalog, *, role: str | None, timeout: float) -> EchoSession:
         return EchoSession(self)
 
-    async def grade(self, catalog: Catalog, task: Task, final_text: str) -> Outcome:
-        return evaluate(task.grading, state=None, extension_scores={}, final_text=final_text)
+    async def observe(self, catalog: Catalog, asked: Asked, final_text: str) -> Observation:
+        return Observation()  # its tasks' criteria read the final text only
 
 
 class EchoLauncher:

@@ -13,7 +13,7 @@ from gymhost.environments._agentenv._backends import BUNDLE
 from gymhost.environments._backend import Catalog
 from gymhost.environments._catalog import check_tasks
 from gymhost.environments._errors import EnvFailedError
-from gymhost.environments._grading import evaluate
+from gymhost.environments._grading import Asked, evaluate
 from gymhost.environments._openenv._backends import OPENENV
 from gymhost.environments._openenv._client import OpenEnvClient, OpenEnvLauncher, _observation_result
 from gymhost.environments._openenv._tasks import _converted
@@ -234,7 +234,9 @@ async def test_verify_ends_the_open_turn_with_the_final_text_and_later_turns_wit
         return await original(message, timeout, what)
 
     client._session.request = request  # type: ignore[union-attr, method-assign]
-    outcome = await client.grade(CARD_WITH_END_TURN, openenv_task(), "First answer.")
+    task = openenv_task()
+    observed = await client.observe(CARD_WITH_END_TURN, Asked.of(task), "First answer.")
+    outcome = observed.graded(task.grading, "First answer.")
     assert sent == [{"response": "First answer."}, {"response": ""}]
     assert (outcome.reward, client._tally.done) == (0.0, True)
 
@@ -243,7 +245,7 @@ async def test_an_episode_ended_without_any_reward_is_not_graded() -> None:
     client = client_with(observation(done=True))
     await client.step("submit", {}, 1.0)
     with pytest.raises(EnvFailedError) as failed:
-        await client.grade(CARD, openenv_task(), "")
+        await client.observe(CARD, Asked.of(openenv_task()), "")
     assert classify(failed.value, stage="grading").kind == "openenv:no_reward"
 
 

@@ -18,9 +18,10 @@ from gymhost.environments._agentenv._backends import BUNDLE
 from gymhost.environments._backend import Catalog
 from gymhost.environments._episodes import Episodes
 from gymhost.environments._errors import EnvDroppedError, EpisodeStateError, PoolExhaustedError, SessionConflictError
-from gymhost.environments._grading import Outcome, evaluate
+from gymhost.environments._grading import Asked, Observation
 from gymhost.environments._outcomes import Failure, breaks_instance
 from gymhost.environments._settings import EpisodeSettings
+from gymhost.environments._tasks import Seed
 
 from .agentenv_helpers import COUNTER_TASK
 
@@ -70,15 +71,15 @@ class FakeClient:
         self.tool_gate: Gate | None = None
         self.tool_error: Exception | None = None
 
-    async def begin(self, task: Task) -> None:
+    async def begin(self, seed: Seed) -> None:
         if self.add_gate is not None:
             await self.add_gate.pass_through()
         if self.add_error is not None:
             raise self.add_error
-        self.count = task.seed.parts[0].data["start"]  # type: ignore[union-attr]
+        self.count = seed.parts[0].data["start"]  # type: ignore[union-attr]
 
-    async def grade(self, catalog: Catalog, task: Task, final_text: str) -> Outcome:
-        return evaluate(task.grading, state={"count": self.count}, extension_scores={}, final_text=final_text)
+    async def observe(self, catalog: Catalog, asked: Asked, final_text: str) -> Observation:
+        return Observation(state={"count": self.count})
 
     def tool_session(self, catalog: Catalog, *, role: str | None, timeout: float) -> FakeTools:
         return FakeTools(self)
@@ -232,6 +233,8 @@ async def test_an_instance_that_drops_a_call_masks_the_episode_and_the_pool_hear
     pool.instances[0].client.tool_error = EnvDroppedError("the instance went away")
     reply = await episodes.call_tool("s1", "increment", {})
     assert (reply.status, reply.refused) == (503, True)
+    with pytest.raises(SessionConflictError, match="episode failed"):  # not started over (by the model's own seed)
+        await episodes.seed("s1", None, TASK.id)
     verdict = await episodes.verify("s1", "")
     assert verdict.failure is not None
     assert verdict.failure.kind == "transport_peer_drop"

@@ -106,9 +106,10 @@ class Bubblewrap:
     def _mounts(self, readable: Sequence[Path], writable: Sequence[Path], unreadable: Sequence[Path]) -> list[str]:
         """bwrap's operations, after the scratch's tmpfs, that make ``readable`` and ``writable`` reachable by the
         hosted user and nothing else of the folders it may not enter, nor ``unreadable``: each such folder is covered
-        with an empty tmpfs (in which bwrap makes the folders on the way, enterable), and what is wanted under a
-        cover bound back. In the order of depth, so each operation's folder exists when it runs, and the deeper of
-        a cover and a bind decides what is seen."""
+        with an empty tmpfs (in which bwrap makes the folders on the way, enterable), each such file with
+        ``/dev/null`` (which a mount without devices refuses to open), and what is wanted under a cover bound back.
+        In the order of depth, so each operation's folder exists when it runs, and the deeper of a cover and a bind
+        decides what is seen."""
         # A folder its user may not enter is of no use to it bound (a private server folder on the server's path).
         wanted = {path.resolve(): False for path in readable if path.exists() and self._enterable(path)}
         wanted.update({path.resolve(): True for path in writable})

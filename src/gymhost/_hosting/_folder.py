@@ -10,6 +10,9 @@ whose top-level keys Gym's launcher merges into the root of the config, above th
 command line; the configs' interpolations (``${policy_base_url}``) resolve against that root. The same file is read
 here, found where Gym looks for it (``NEMO_GYM_EXTRA_ROOTS``, then the working directory, then nemo-gym's install
 root), and also in the Gym root the folder sits in, where ``gym env start`` is run from.
+
+It also finds the dataset files a folder's configs declare (``declared_datasets``), which a confined server keeps
+out of sight.
 """
 
 from __future__ import annotations
@@ -176,9 +179,10 @@ def existing_folder(folder: str | Path) -> Path:
 
 
 def declared_datasets(folder: Path) -> list[Path]:
-    """The dataset files the folder's configs declare (``datasets: [{jsonl_fpath: ...}]``, in an agent's block,
-    relative to the Gym root the folder sits in or to the working directory, as Gym's launcher reads them) that are
-    on this machine. They are the trainer's rows: a server is sent each row in a request and never reads them."""
+    """The dataset files the folder's configs declare (each ``jsonl_fpath``, under an agent's ``datasets``, relative
+    to the Gym root the folder sits in or to the working directory, as Gym's launcher reads them) that are on this
+    machine, with the ``<stem>_prepare*.jsonl`` copies ``ng_prepare_data`` writes beside them. They are the trainer's
+    rows: a server is sent each row in a request and never reads them."""
     from omegaconf import OmegaConf
 
     def paths(node: Any) -> Iterator[str]:
@@ -203,6 +207,7 @@ def declared_datasets(folder: Path) -> list[Path]:
                 path = root / declared  # an absolute path stays itself
                 if path.is_file():
                     found[path.resolve()] = None
+                    found.update(dict.fromkeys(p.resolve() for p in path.parent.glob(f"{path.stem}_prepare*.jsonl")))
     return list(found)
 
 

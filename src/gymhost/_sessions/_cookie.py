@@ -40,9 +40,10 @@ from ._identity import process_state
 from ._owner import OWNER_KEY, is_stamp_only, stamp, unchecked_cookie_owner
 from ._signing import process_secret
 
-__all__ = ["SESSION_ID_KEY", "GymSessionMiddleware"]
+__all__ = ["SEEDED_KEY", "SESSION_ID_KEY", "GymSessionMiddleware"]
 
 SESSION_ID_KEY = "session_id"  # nemo_gym.server_utils.SESSION_ID_KEY
+SEEDED_KEY = "gymhost_seeded"  # a written server's seed sets it: the session has played an episode (``_ownership``)
 _SALT = "gymhost.session"
 _VERIFIED_KEPT = 100_000  # cookies kept verified at most; beyond that the cache starts again
 # A cookie unseen for between one and two of these is verified again when it returns: about 15 us, against the

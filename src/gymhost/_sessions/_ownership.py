@@ -9,7 +9,8 @@ would answer a genuine-looking ``reward: 0.0`` for an episode the infrastructure
 convention of Gym's own session routing (a session whose owner is gone is 410):
 
 - a seed (``/seed_session``, or a Gymnasium-style ``/reset``) starts a new episode here, in a new session (a sibling
-  worker's session still goes to it);
+  worker's session still goes to it), unless the session says it played one (a written server's ``SEEDED_KEY``):
+  that is 410, as below, since the model's own call could otherwise start its lost episode over;
 - ``/verify`` answers a masked verdict (``mask_sample: true``, ``failure_kind: session_lost``, the owner named in
   ``failure_reason``), which ``masked_verdicts`` refuses (410) unless the app answers masked verdicts;
 - any other POST of the session (a tool call, ``/close_session``, an MCP call with another process's token): 410,
@@ -38,7 +39,7 @@ from .._keys import BODY, UNVERIFIED_OWNER
 from .._metrics import EpisodeMetrics
 from .._nemo_gym import SESSION_LOST
 from ..middleware.masked_verdicts import VERDICT_FIELDS
-from ._cookie import SESSION_ID_KEY
+from ._cookie import SEEDED_KEY, SESSION_ID_KEY
 from ._forwarding import Forwarded, forward, may_forward
 from ._identity import process_state
 from ._owner import TOKEN_HEADER, owner_of, stamp
@@ -99,7 +100,7 @@ class SessionOwnershipMiddleware:
             if outcome is Forwarded.BUSY:  # alive, with the episode: not lost, and not to be started again here
                 await self._busy(scope, receive, send, owner)
                 return
-            if path not in self.starts:
+            if path not in self.starts or session.get(SEEDED_KEY):  # a session that played is not started over
                 await self._lost(scope, receive, send, path, owner)
                 return
             body = BODY.pop(scope)

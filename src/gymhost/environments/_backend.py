@@ -27,10 +27,10 @@ from typing import Any, ClassVar, Final, Protocol
 from agentenv_protocol import ToolResult
 
 from .._exceptions import FolderError
-from ._grading import Outcome
+from ._grading import Asked, Observation
 from ._outcomes import Failure
 from ._settings import PoolSettings, SourceConfig
-from ._tasks import Task
+from ._tasks import Seed, Task
 
 __all__ = [
     "ELSEWHERE",
@@ -95,9 +95,11 @@ class EnvironmentClient(Protocol):
     """What an episode asks of its instance: to begin the task (on the clean slate the pool leased it with), a tool
     session, and a grade of what was done."""
 
-    async def begin(self, task: Task) -> None: ...
+    async def begin(self, seed: Seed) -> None: ...
     def tool_session(self, catalog: Catalog, *, role: str | None, timeout: float) -> ToolSession: ...
-    async def grade(self, catalog: Catalog, task: Task, final_text: str) -> Outcome: ...
+    async def observe(self, catalog: Catalog, asked: Asked, final_text: str) -> Observation:
+        """What grading needs of the instance; the server grades it against the task (``Observation.graded``)."""
+        ...
 
 
 class InstanceClient(EnvironmentClient, Protocol):

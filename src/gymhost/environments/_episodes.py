@@ -22,6 +22,7 @@ from ._backend import INSTANCE_STATES, Catalog, InstancePool
 from ._catalog import TaskRule, check_tasks, server_tools
 from ._episode import Episode, Reply, episode_ended, log_fields
 from ._errors import EpisodeStateError, SessionConflictError, StartupError, UnknownTaskError
+from ._grading import Asked
 from ._memory import Memory
 from ._outcomes import CANCELLED, SESSION_EXPIRED, SHUTDOWN, TIMEOUT, Failure, Verdict, breaks_instance, classify
 from ._settings import EpisodeSettings
@@ -153,7 +154,7 @@ class Episodes:
     ) -> Episode:
         """Start the episode for session ``key``. Repeating a seed for the same task and identity is a no-op.
         ``again``: the session itself says it was seeded before (its signed cookie), so nothing but that repeat, or
-        the retry of a seed that failed, may follow, whatever this server still remembers of it."""
+        the retry of a seed that failed (while its masked verdict is remembered), may follow."""
         split, task = self.find_task(split, task_id)
         while (existing := self._episodes.get(key)) is not None:
             if existing.task is not task or existing.identity != identity:
@@ -161,10 +162,13 @@ class Episodes:
                 raise SessionConflictError(f"session {key} is already seeded with task {existing.task.id!r}{other}")
             async with existing.lock:  # a seed still in progress finishes first
                 if self._episodes.get(key) is not existing:
-                    continue  # it ended meanwhile; look again
+                    continue  # it ended meanwhile (a failed seed ends at once, its verdict kept); look again
                 if existing.failure is None:
                     return existing
-                await self._shielded(self._teardown(existing, None))  # that seed failed: this one tries again
+                # It failed in play (a tool call, its instance): its verify answers it masked; never started over.
+                raise SessionConflictError(
+                    f"session {key}'s episode failed ({existing.failure.kind}); a new episode needs a new session"
+                )
         # A session plays one episode: once closed, verified or expired, a seed on it would start the episode over
         # and drop its verdict. Through Gym's agents, which POST any function call the model makes to /<its name>,
         # the model could verify mid-episode (its answer graded, the expected values shown), or idle past
@@ -223,12 +227,18 @@ class Episodes:
             self.metrics.tool_called(name, time.perf_counter() - began)
         return Reply(400 if result.isError else 200, result.text)
 
-    async def verify(self, key: str, final_text: str) -> Verdict:
+    async def verify(self, key: str, final_text: str, task_id: str | None = None) -> Verdict:
         """Grade the episode, then tear it down. An episode that expired answers its masked verdict once; a verify
-        with no episode to grade raises ``EpisodeStateError``."""
+        with no episode to grade, or naming another task (``task_id``, the row's) than the one played, raises
+        ``EpisodeStateError``: a verdict is never reported under a task the session did not play."""
         episode = self._episodes.get(key)
         if episode is None:
             return self._verdict_after_the_fact(key)
+        if task_id is not None and task_id != episode.task.id:
+            raise EpisodeStateError(
+                f"this verify is for task {task_id!r}, but this session plays task {episode.task.id!r}; "
+                "its episode goes on"
+            )
         episode.last_used = time.monotonic()  # the sweeper must not take it while this verify waits to run
         return await self._shielded(self._verify(episode, final_text))
 
@@ -282,7 +292,7 @@ class Episodes:
                     self.metrics.seed_waited(time.perf_counter() - began)
             client = episode.instance.client
             try:
-                await client.begin(episode.task)
+                await client.begin(episode.task.seed)
                 episode.tools = await client.tool_session(
                     self.catalog, role=self.settings.role, timeout=self.settings.tool_timeout_s
                 ).open()
@@ -356,11 +366,14 @@ class Episodes:
         return "no episode for this session: call /seed_session first, and send the cookies it answers"
 
     async def _grade(self, episode: Episode, final_text: str) -> Verdict:
-        """The instance's client grades (the task's criteria, the environment's own reward); one that cannot masks
+        """Graded here against the task's criteria, from what the instance answers of them (its state, its
+        extensions' or its own reward: ``Asked``, never the expected values); an instance that cannot answer masks
         the episode, never scores it."""
         assert episode.instance is not None
         try:
-            outcome = await episode.instance.client.grade(self.catalog, episode.task, final_text)
+            asked = Asked.of(episode.task)
+            observed = await episode.instance.client.observe(self.catalog, asked, final_text)
+            outcome = observed.graded(episode.task.grading, final_text)
         except Exception as error:
             episode.failure = classify(error, stage="grading")
             return Verdict.masked(episode.task.id, episode.failure)

@@ -11,12 +11,22 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from ._tasks import EnvironmentCriterion, ExtensionCriterion, Grading, ResponseCriterion, StateCriterion
+from ._tasks import EnvironmentCriterion, ExtensionCriterion, Grading, ResponseCriterion, StateCriterion, Task, TaskTool
 
-__all__ = ["MISSING", "CriterionResult", "Outcome", "evaluate", "extension_score", "merge_state", "resolve_pointer"]
+__all__ = [
+    "MISSING",
+    "Asked",
+    "CriterionResult",
+    "Observation",
+    "Outcome",
+    "evaluate",
+    "extension_score",
+    "merge_state",
+    "resolve_pointer",
+]
 
 MISSING: Any = object()  # what resolve_pointer answers for a path that is not there
 
@@ -37,6 +47,47 @@ class CriterionResult:
 class Outcome:
     reward: float
     results: list[CriterionResult]
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What grading asks of an instance, and all it is told of its task's grading: whether its state is read, the
+    extension criteria it scores (by their index in the grading), the tools the task offers. Never the expected
+    values nor the solution: the server grades against those, out of reach of the hosted code, and of the model's
+    code that an environment may run."""
+
+    state: bool
+    extensions: Mapping[int, ExtensionCriterion]
+    tools: tuple[TaskTool, ...] | None
+
+    @classmethod
+    def of(cls, task: Task) -> Asked:
+        criteria = task.grading.criteria
+        return cls(
+            state=any(isinstance(criterion, StateCriterion) for criterion in criteria),
+            extensions={
+                i: criterion for i, criterion in enumerate(criteria) if isinstance(criterion, ExtensionCriterion)
+            },
+            tools=tuple(task.tools) if task.tools is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What an instance answers ``Asked``: what ``evaluate`` reads besides the final text."""
+
+    state: Mapping[str, Any] | None = None
+    extension_scores: Mapping[int, float] = field(default_factory=dict)
+    environment: tuple[float, str] | None = None
+
+    def graded(self, grading: Grading, final_text: str) -> Outcome:
+        return evaluate(
+            grading,
+            state=self.state,
+            extension_scores=self.extension_scores,
+            final_text=final_text,
+            environment=self.environment,
+        )
 
 
 def evaluate(

@@ -28,6 +28,7 @@ from starlette.routing import BaseRoute, Route, request_response
 from .._hosting._lifespan import wrap_lifespan
 from .._hosting._routes import hot_routes_first
 from .._metrics import EpisodeMetrics
+from .._sessions._cookie import SEEDED_KEY
 from ..middleware.masked_verdicts import VERDICT_FIELDS, MaskedVerdictsMiddleware, launcher_mode
 from ._backend import ServerFolder, resolve_in
 from ._episodes import Episodes
@@ -43,13 +44,12 @@ __all__ = ["WrittenResourcesServer", "WrittenResourcesServerConfig"]
 # nemo-gym 0.5+ has the Environment Server session contract; 0.4.0 knows only the cookie flow.
 _RESOURCES_FLOW = hasattr(gym, "ResourcesSeedSessionRequest")
 
-# Set in a session's signed cookie by its seed: the session has played an episode. A session plays one, and its cookie
-# says so to this server however long ago that was (``Episodes.seed``'s ``again``), and to a request that names
+# A session's seed sets ``SEEDED_KEY`` in its signed cookie: it has played an episode. A session plays one, and its
+# cookie says so to this server however long ago that was (``Episodes.seed``'s ``again``), and to a request that names
 # another session in its body (nemo-gym 0.5+'s resources flow). Gym's agents POST the model's function calls to
 # ``/<name>`` with its episode's cookie, and keep the answer's Set-Cookie for the trainer's verify: a seed naming a
 # session and task of the model's choice would move that verify there, a close would end another rollout's episode.
 # A caller that plays each session with its own cookies (an Environment Server, gymhost's clients) never does either.
-_SEEDED = "gymhost_seeded"
 _ANOTHER_SESSION = (
     "this request carries the cookie of a session that played an episode; a {call} naming session {key} must come "
     "without it (each session is played with its own cookies)"
@@ -186,7 +186,7 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
 
     async def seed_session(self, request: Request, body: SeedBody) -> Response:
         runtime = self._running()
-        seeded = bool(request.session.get(_SEEDED))
+        seeded = bool(request.session.get(SEEDED_KEY))
         if _RESOURCES_FLOW and isinstance(body, gym.ResourcesSeedSessionRequest):
             # The caller names the session; the cookie carries that name so tool calls and verify find it.
             key = body.resources_session_id
@@ -206,7 +206,7 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             return _error(404, str(error))
         except SessionConflictError as error:
             return _error(409, str(error))
-        request.session[_SEEDED] = True  # in the answer's cookie, a failed seed's included
+        request.session[SEEDED_KEY] = True  # in the answer's cookie, a failed seed's included
         if episode.failure is not None:
             detail = {"detail": episode.failure.reason, "failure_kind": episode.failure.kind}
             return JSONResponse(detail, status_code=503, headers={"Retry-After": "1"})
@@ -216,7 +216,8 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
 
     async def verify(self, request: Request, body: VerifyRequest) -> Response:
         try:
-            verdict = await self._running().verify(request.session[SESSION_ID_KEY], _final_text(body.response))
+            key = request.session[SESSION_ID_KEY]
+            verdict = await self._running().verify(key, _final_text(body.response), body.task_id)
         except EpisodeStateError as error:
             detail: dict[str, Any] = {"detail": str(error)}
             if isinstance(error.verdict, Verdict):
@@ -233,8 +234,8 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         if _RESOURCES_FLOW and isinstance(body, gym.ResourcesCloseSessionRequest):
             key = body.resources_session_id
             runtime = self._running()
-            mine = not request.session.get(_SEEDED) or request.session.get(SESSION_ID_KEY) == key
-            if not mine and runtime.holds(key):  # (a close that ends nothing is harmless: Gym's contract check)
+            another = request.session.get(SEEDED_KEY) and request.session.get(SESSION_ID_KEY) != key
+            if another and runtime.holds(key):  # (a close that ends nothing is harmless: Gym's contract check)
                 return _error(409, _ANOTHER_SESSION.format(call="close", key=key))
             await runtime.close(key)
             return JSONResponse(gym.ResourcesCloseSessionResponse(resources_session_id=key).model_dump(mode="json"))

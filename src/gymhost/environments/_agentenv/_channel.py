@@ -51,8 +51,8 @@ from .._errors import (
     MalformedReplyError,
     McpSessionError,
 )
-from .._grading import Outcome
-from .._tasks import Task
+from .._grading import Asked, Observation
+from .._tasks import Seed
 from ._eager import start_eagerly
 
 __all__ = ["ChannelClient", "Copies", "end_for_limit", "listen_at", "serve_instance"]
@@ -187,12 +187,12 @@ class ChannelClient:
     async def state(self) -> Any:
         return await self.call("state")
 
-    async def begin(self, task: Task) -> None:
-        await self.call("begin", task)
+    async def begin(self, seed: Seed) -> None:
+        await self.call("begin", seed)  # the seed, never the task: its grading and solution stay in the server
 
-    async def grade(self, catalog: Catalog, task: Task, final_text: str) -> Outcome:
-        outcome: Outcome = await self.call("grade", catalog, task, final_text)
-        return outcome
+    async def observe(self, catalog: Catalog, asked: Asked, final_text: str) -> Observation:
+        observed: Observation = await self.call("observe", catalog, asked, final_text)
+        return observed
 
     def tool_session(self, catalog: Catalog, *, role: str | None, timeout: float) -> ToolSession:
         return ChannelToolSession(self, next(self._sessions), role=role, timeout=timeout)
@@ -410,8 +410,8 @@ class _Served:
             return await client.state()
         if operation == "begin":
             return await client.begin(*arguments)
-        if operation == "grade":
-            return await client.grade(*arguments)
+        if operation == "observe":
+            return await client.observe(*arguments)
         if operation == "open":
             session, role, timeout = arguments
             # An in-process client's sessions are direct ones, whatever the catalog (``InProcessClient``).

@@ -50,9 +50,9 @@ from .._errors import (
     McpMalformedReplyError,
     McpSessionError,
 )
-from .._grading import Outcome, merge_state
-from .._tasks import Task
-from ._grader import grade
+from .._grading import Asked, Observation, merge_state
+from .._tasks import Seed
+from ._grader import observe
 
 __all__ = ["MCP_PROTOCOL_VERSION", "EnvClient", "McpSession"]
 
@@ -97,13 +97,13 @@ class EnvClient:
         """``data/reset``: the state an instance starts in."""
         await self._rpc(METHOD_RESET, {})
 
-    async def begin(self, task: Task) -> None:
+    async def begin(self, seed: Seed) -> None:
         """A task's seed data, in one ``data/add`` after the pool's ``data/reset`` (none: the reset state)."""
-        if task.seed.parts:
-            await self.add([part.model_dump(mode="json", exclude_none=True) for part in task.seed.parts])
+        if seed.parts:
+            await self.add([part.model_dump(mode="json", exclude_none=True) for part in seed.parts])
 
-    async def grade(self, catalog: Catalog, task: Task, final_text: str) -> Outcome:
-        return await grade(self, catalog, task, final_text)
+    async def observe(self, catalog: Catalog, asked: Asked, final_text: str) -> Observation:
+        return await observe(self, catalog, asked)
 
     async def add(self, parts: list[dict[str, Any]]) -> None:
         await self._rpc(METHOD_ADD, {"parts": parts})

@@ -35,10 +35,10 @@ from .._errors import (
     EnvUnavailableError,
     MalformedReplyError,
 )
-from .._grading import Outcome, evaluate
+from .._grading import Asked, Observation
 from .._outcomes import NO_REWARD, UNREACHABLE
 from .._settings import PoolSettings
-from .._tasks import Task
+from .._tasks import Seed, TaskTool
 from ._wire import (
     CLOSE_TIMEOUT_S,
     MAX_FRAME_BYTES,
@@ -92,23 +92,23 @@ class OpenEnvClient:
         if session is not None:
             await session.close()
 
-    async def begin(self, task: Task) -> None:
+    async def begin(self, seed: Seed) -> None:
         """Open the episode's session and reset it to the task (its ``seed.reset``: split and index)."""
         await self.clear()
-        self._session = await self._launcher.open_session(task.seed.reset or {}, self._settings, self._tally)
+        self._session = await self._launcher.open_session(seed.reset or {}, self._settings, self._tally)
 
     def tool_session(self, catalog: Catalog, *, role: str | None, timeout: float) -> ToolSession:
         self._tool_timeout = timeout
         return _Tools(self, timeout)
 
-    async def grade(self, catalog: Catalog, task: Task, final_text: str) -> Outcome:
+    async def observe(self, catalog: Catalog, asked: Asked, final_text: str) -> Observation:
         """The environment's reward. A turn still open is ended first with the final assistant text, as the reply
         tool (agent-env's ``end_turn``) would have been called with it; turns the environment opens after it, which
         the model never reached, are ended with no reply, the model's loss. An episode that ended with no reward at
         all, or with an error, is not graded: it raises, and the episode is masked."""
         tally = self._tally
         reply_tool = self._launcher.reply_tool
-        if not tally.done and reply_tool is not None and reply_tool in _tool_names(task, catalog):
+        if not tally.done and reply_tool is not None and reply_tool in _tool_names(asked.tools, catalog):
             await self._end_turns(reply_tool, final_text)
         if tally.done and not tally.rewards:
             raise EnvFailedError(
@@ -120,9 +120,7 @@ class OpenEnvClient:
             f"the environment's reward: {total:g}, the sum of {len(tally.rewards)} reward(s) over "
             f"{tally.steps} step(s){'; it said done' if tally.done else '; it had not said done'}"
         )
-        return evaluate(
-            task.grading, state=None, extension_scores={}, final_text=final_text, environment=(total, detail)
-        )
+        return Observation(environment=(total, detail))
 
     async def state(self) -> dict[str, Any]:
         """The episode so far (the pool view's ``data``)."""
@@ -177,9 +175,9 @@ class OpenEnvClient:
         )
 
 
-def _tool_names(task: Task, catalog: Catalog) -> set[str]:
-    if task.tools is not None:
-        return {tool.name for tool in task.tools}
+def _tool_names(tools: tuple[TaskTool, ...] | None, catalog: Catalog) -> set[str]:
+    if tools is not None:
+        return {tool.name for tool in tools}
     return {str(tool.get("name")) for tool in catalog.tools}
 
 
