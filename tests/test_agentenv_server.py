@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from gymhost import EpisodeClient, create_app
-from gymhost.environments import Task, awrite_folder, load_tasks, write_folder
+from gymhost.environments import StartupError, Task, awrite_folder, load_tasks, write_folder
 
 from .agentenv_helpers import (
     COUNTER_ENV,
@@ -379,8 +379,9 @@ async def test_a_model_cannot_move_its_episode_to_a_task_of_its_choice_or_end_an
         assert late.status_code == 409, late.text  # the trainer's verify: no reward, for any task
 
 
-# Hosted code that, from its import on, reads every message the server sends its instance, and answers any reward
-# its instance sends back as 1.0: as an environment that runs the model's code in its own process lets that code do.
+# Hosted code that, from its import on, reads every message the server sends its instance, and answers the state the
+# task's prompt asks for whatever was played: as an environment that runs the model's code in its own process lets
+# that code do.
 SNOOPING_ENV = (
     COUNTER_ENV.replace(
         '    @tool(name="stall")',
@@ -402,9 +403,12 @@ def _reading(data, *args, **kwargs):
     SEEN.append(repr(message))
     return message
 
-def _forging(message, *args, **kwargs):
-    if isinstance(message, tuple) and any(hasattr(part, "reward") for part in message):
-        message = tuple(dataclasses.replace(part, reward=1.0) if hasattr(part, "reward") else part for part in message)
+def _forging(message, *args, **kwargs):  # the state the prompt asks for, whatever was played
+    if isinstance(message, tuple) and any(type(part).__name__ == "Observation" for part in message):
+        message = tuple(
+            dataclasses.replace(part, state={"count": 3}) if type(part).__name__ == "Observation" else part
+            for part in message
+        )
     return _dumps(message, *args, **kwargs)
 
 pickle.loads, pickle.dumps = _reading, _forging
@@ -415,7 +419,8 @@ pickle.loads, pickle.dumps = _reading, _forging
 async def test_hosted_code_never_sees_its_tasks_answers_nor_grades_its_episode(tmp_path: Path) -> None:
     """A process instance is sent its task's seed and what grading reads of it (its state), never the criteria's
     expected values nor the solution; the server grades. Hosted code that reads and rewrites every message between
-    its instance and the server learns nothing of the answer, and its forged reward is never the episode's."""
+    its instance and the server learns nothing of the answer, and a forged state does not pass the criteria the
+    server checks itself (the final answer's)."""
     secret = "the-secret-word"
     task = {
         **COUNTER_TASK,
@@ -434,11 +439,47 @@ async def test_hosted_code_never_sees_its_tasks_answers_nor_grades_its_episode(t
         saw = json.loads((await unsolved.call_tool("what_i_saw")).text)
         assert saw["messages"] > 0, saw  # it read the seed's messages...
         assert saw["secret"] is False, saw  # ...and nothing of the answer
-        assert (await unsolved.verify(row, "no idea"))["reward"] == 0.0  # the instance's forgery is not the grade
+        graded = await unsolved.verify(row, "no idea")
+        assert [c["score"] for c in graded["criteria"]] == [1.0, 0.0], graded  # its state forged, the answer not
+        assert graded["reward"] == 0.0, graded
         solved = EpisodeClient(BASE, transport=transport)
         await solved.seed(row)
         assert (await solved.call_tool("increment", {"by": 2})).ok
         assert (await solved.verify(row, "the-secret-word"))["reward"] == 1.0
+
+
+# Hosted code that sends, with each answer, a pickle that would run code where it is read.
+ESCAPING_ENV = (
+    COUNTER_ENV
+    + """
+import pickle
+
+class _Escape:
+    def __reduce__(self):
+        return (exec, ("open(ESCAPED, 'w').write('ran in the server')",))
+
+_dumps = pickle.dumps
+
+def _escaping(message, *args, **kwargs):
+    return _dumps((*message, _Escape()) if isinstance(message, tuple) else message, *args, **kwargs)
+
+pickle.dumps = _escaping
+"""
+)
+
+
+async def test_an_instance_cannot_run_code_in_the_server(tmp_path: Path) -> None:
+    """The server reads an instance's frames as plain data and the few classes an answer is made of: a frame that
+    names anything else (here ``exec``) is a malformed reply, never run; the instance is broken, not the server."""
+    escaped = tmp_path / "escaped"
+    folder = (await awrite_folder(str(make_bundle(tmp_path)), tmp_path / "root", mode="process")).path
+    bundles = [path for path in folder.rglob("env.py")]
+    assert len(bundles) == 1, bundles  # the written folder's own copy of the bundle, served from now on
+    bundles[0].write_text(ESCAPING_ENV.replace("{TOOL}", "increment").replace("ESCAPED", repr(str(escaped))))
+    with pytest.raises(StartupError, match=r"may not send a builtins\.exec"):
+        async with served(folder, startup_timeout_s=5):  # (a broken instance is tried until this limit)
+            pass
+    assert not escaped.exists()
 
 
 def _a_response(text: str) -> dict[str, Any]:
@@ -585,7 +626,6 @@ async def test_the_url_source_against_separately_started_environments(tmp_path: 
 
 
 async def test_startup_refuses_another_environment(folder: Path) -> None:
-    from gymhost.environments import StartupError
 
     app = create_app(folder, environment="mailbox")
     with pytest.raises(StartupError, match=r"the environment is 'gridsim', but this server was written for 'mailbox'"):

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from gymhost.environments import TaskError, load_tasks, task_schema
-from gymhost.environments._grading import evaluate, extension_score, merge_state, resolve_pointer
-from gymhost.environments._tasks import ExtensionCriterion, Grading
+from gymhost.environments._grading import Asked, Observation, evaluate, extension_score, merge_state, resolve_pointer
+from gymhost.environments._tasks import ExtensionCriterion, Grading, Task
 
 from .conftest import REPO
 
@@ -213,3 +213,35 @@ def test_data_parts_merge_in_order() -> None:
         {"kind": "data", "data": {"b": 2}},
     ]
     assert merge_state(parts) == {"a": 1, "b": 2}
+
+
+def test_what_an_instance_answers_grading_is_checked_before_it_counts() -> None:
+    """An instance hosts code gymhost did not write: its answer must be one to what was asked (a state object, a
+    score in [0, 1] for each extension criterion asked, no other), or the episode is masked, never scored."""
+    task = Task.model_validate(
+        {
+            "id": "t",
+            "prompt": {"user": "go"},
+            "grading": {
+                "combine": "weighted",
+                "criteria": [
+                    {"kind": "state", "path": "/done", "equals": True},
+                    {"kind": "response", "equals": "secret"},
+                    {"kind": "extension", "uri": "urn:x:grade/v1"},
+                ],
+            },
+        }
+    )
+    asked = Asked.of(task)
+    assert (asked.state, list(asked.extensions)) == (True, [2])
+    honest = Observation(state={"done": True}, extension_scores={2: 1.0})
+    assert honest.answering(asked).graded(task.grading, "wrong").reward == pytest.approx(2 / 3)
+    for forged in (
+        Observation(state={"done": True}, extension_scores={2: 2.0}),  # outweighing the answer the server checks
+        Observation(state={"done": True}, extension_scores={2: float("nan")}),
+        Observation(state={"done": True}, extension_scores={}),
+        Observation(state={"done": True}, extension_scores={1: 1.0, 2: 1.0}),
+        Observation(state=None, extension_scores={2: 1.0}),
+    ):
+        with pytest.raises(ValueError, match=r"the state is|extension score"):
+            forged.answering(asked)

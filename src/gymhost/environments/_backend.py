@@ -10,7 +10,8 @@ machine seeds it, calls its tools and grades it. How an instance is reached is a
 - ``Launcher``: brings one instance up and takes it down, and says when one ended by itself; the pool decides when.
 - ``InstanceClient``: what the pool and an episode ask of one instance. The pool: what the environment offers
   (``describe``, a ``Catalog``), a clean slate between episodes (``clear``), its state for the pool view. An
-  episode (``EnvironmentClient``'s part): begin the task, a ``ToolSession`` for the model's calls, a grade.
+  episode (``EnvironmentClient``'s part): begin the task from its seed, a ``ToolSession`` for the model's calls,
+  what grading reads of it (``observe``: the server grades, and never tells an instance its task's answers).
 
 The pool (``_pool.Pool``) and the episodes (``_episodes.Episodes``) see only these; ``InstancePool`` is what the
 episodes need of the pool, so the unit tests can give them a fake one.
@@ -92,8 +93,8 @@ class ToolSession(Protocol):
 
 
 class EnvironmentClient(Protocol):
-    """What an episode asks of its instance: to begin the task (on the clean slate the pool leased it with), a tool
-    session, and a grade of what was done."""
+    """What an episode asks of its instance: to begin the task from its seed (on the clean slate the pool leased it
+    with), a tool session, and what grading reads of what was done."""
 
     async def begin(self, seed: Seed) -> None: ...
     def tool_session(self, catalog: Catalog, *, role: str | None, timeout: float) -> ToolSession: ...

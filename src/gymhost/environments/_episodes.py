@@ -21,8 +21,8 @@ from .._metrics import EpisodeMetrics
 from ._backend import INSTANCE_STATES, Catalog, InstancePool
 from ._catalog import TaskRule, check_tasks, server_tools
 from ._episode import Episode, Reply, episode_ended, log_fields
-from ._errors import EpisodeStateError, SessionConflictError, StartupError, UnknownTaskError
-from ._grading import Asked
+from ._errors import EpisodeStateError, MalformedReplyError, SessionConflictError, StartupError, UnknownTaskError
+from ._grading import Asked, Observation
 from ._memory import Memory
 from ._outcomes import CANCELLED, SESSION_EXPIRED, SHUTDOWN, TIMEOUT, Failure, Verdict, breaks_instance, classify
 from ._settings import EpisodeSettings
@@ -373,6 +373,12 @@ class Episodes:
         try:
             asked = Asked.of(episode.task)
             observed = await episode.instance.client.observe(self.catalog, asked, final_text)
+            if not isinstance(observed, Observation):
+                raise MalformedReplyError(f"grading read a {type(observed).__name__}, not an observation")
+            try:
+                observed.answering(asked)
+            except ValueError as error:
+                raise MalformedReplyError(f"grading read {error}") from None
             outcome = observed.graded(episode.task.grading, final_text)
         except Exception as error:
             episode.failure = classify(error, stage="grading")

@@ -9,6 +9,7 @@ runtime decides before calling in.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -79,6 +80,27 @@ class Observation:
     state: Mapping[str, Any] | None = None
     extension_scores: Mapping[int, float] = field(default_factory=dict)
     environment: tuple[float, str] | None = None
+
+    def answering(self, asked: Asked) -> Observation:
+        """This observation, checked as an answer to ``asked`` (it comes from hosted code): a state object where one
+        was asked for, a finite score in [0, 1] for each extension criterion and none other. ``ValueError`` if not."""
+        if asked.state and not isinstance(self.state, Mapping):
+            raise ValueError(f"the state is a {type(self.state).__name__}, not an object")
+        scores = dict(self.extension_scores) if isinstance(self.extension_scores, Mapping) else None
+        if scores is None or set(scores) != set(asked.extensions):
+            raise ValueError("the extension scores answer other criteria than those asked")
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v <= 1 for v in scores.values()):
+            raise ValueError(f"an extension score outside [0, 1]: {scores}")
+        environment = self.environment
+        if environment is not None and not (
+            isinstance(environment, tuple)
+            and len(environment) == 2
+            and isinstance(environment[0], int | float)
+            and math.isfinite(environment[0])
+            and isinstance(environment[1], str)
+        ):
+            raise ValueError(f"the environment's reward is not a finite number and its account: {environment!r}")
+        return self
 
     def graded(self, grading: Grading, final_text: str) -> Outcome:
         return evaluate(

@@ -415,7 +415,7 @@ def _final_text(response: Any) -> str:
 
 def _verify_response(body: VerifyRequest, verdict: Verdict) -> VerifyResponse:
     fields = {key: value for key, value in body.model_dump().items() if key not in VERDICT_FIELDS}
-    fields["task_id"] = body.task_id or verdict.task_id
+    fields["task_id"] = verdict.task_id or body.task_id  # the task played, whatever a repeated verify's row says
     return VerifyResponse(
         **fields,
         reward=verdict.reward,

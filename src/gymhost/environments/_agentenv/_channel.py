@@ -7,10 +7,12 @@ its MCP server object (``_direct``). What crosses the process boundary is a call
 in-process, and the server's side of a tool call is one small message each way instead of an HTTP request with an
 SSE reply and JSON-RPC text parsed on both sides.
 
-Frames are a 4-byte big-endian length and a pickle. Pickle, because both ends are the same program (the server
-forked the template that forked the instance, from the same gymhost and Python), and the values are the bridge's own
-(tasks, catalogs, tool results, outcomes), which it carries with no conversion either way; the socket lives in a
-folder only this user can open, so nothing else can speak on it. A request is ``(id, operation, arguments)``; an
+Frames are a 4-byte big-endian length and a pickle. Pickle, because both ends are the same gymhost and Python, and
+the values are the bridge's own (a task's seed and what its grading asks, catalogs, tool results, observations),
+carried with no conversion either way; the socket lives in a folder only this user can open. But an instance runs
+code gymhost did not write, which may write anything on its own channel: the server reads an instance's frames with
+an unpickler that builds plain data and the few classes an answer is made of, nothing else (``_FromInstance``), and
+checks what grading reads before it grades (``Observation.answering``). A request is ``(id, operation, arguments)``; an
 answer is ``(id, True, value)`` or ``(id, False, (error class name, message, kind))``: the errors are the bridge's own
 (``_errors``), raised again in the server as they were raised in the instance, and anything else is answered as a
 malformed reply. Several calls may be in flight on one connection (a tool call, and the pool reading the state).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import itertools
 import logging
 import os
@@ -68,10 +71,43 @@ _LIMIT_EXIT = 70  # the status an instance that reached a limit ends with (EX_SO
 _ENDED_WAIT_S = 1.0  # how long the server waits, once an instance has exited, for the rest of what it said
 
 
+# The classes an instance's answers are made of (besides Python's plain data, which a pickle builds without naming a
+# class): tool results, catalogs, what grading reads.
+_ANSWER_CLASSES = frozenset(
+    {
+        ("agentenv_protocol.tool_client", "ToolResult"),
+        ("gymhost.environments._backend", "Catalog"),
+        ("gymhost.environments._grading", "Observation"),
+    }
+)
+
+
+class _FromInstance(pickle.Unpickler):
+    """How the server reads an instance's frames: the bridge's own values, and nothing that runs code. The instance
+    hosts code it did not write, which may write anything on its channel, and a pickle may name any callable, which
+    unpickling calls (``__reduce__``): a frame may name only the classes an answer is made of."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _ANSWER_CLASSES:
+            raise pickle.UnpicklingError(f"an instance may not send a {module}.{name}")
+        return super().find_class(module, name)
+
+
+def _from_instance(frame: memoryview) -> Any:
+    return _FromInstance(io.BytesIO(frame)).load()
+
+
 class _Framed(asyncio.Protocol):
     """Length-prefixed pickles on a stream, each handed to ``on_message``; ``on_lost`` once, when it ends."""
 
-    def __init__(self, on_message: Callable[[Any], None], on_lost: Callable[[BaseException | None], None]) -> None:
+    def __init__(
+        self,
+        on_message: Callable[[Any], None],
+        on_lost: Callable[[BaseException | None], None],
+        loads: Callable[[memoryview], Any] | None = None,
+    ) -> None:
+        """``loads``: how a frame is read (the server reads an instance's with ``_from_instance``)."""
+        self._loads = loads if loads is not None else pickle.loads
         self._on_message = on_message
         self._on_lost: Callable[[BaseException | None], None] | None = on_lost
         self._buffer = bytearray()
@@ -92,7 +128,7 @@ class _Framed(asyncio.Protocol):
             if len(buffer) < end:
                 return
             try:
-                message = pickle.loads(memoryview(buffer)[_HEADER.size : end])
+                message = self._loads(memoryview(buffer)[_HEADER.size : end])
             except Exception as error:
                 self._broken(MalformedReplyError(f"a frame that is not a message: {error!r}"))
                 return
@@ -115,7 +151,7 @@ class _Framed(asyncio.Protocol):
         self.transport.write(_HEADER.pack(len(payload)) + payload)
 
     def _broken(self, error: BaseException) -> None:
-        self._buffer.clear()
+        self._buffer = bytearray()  # (not cleared in place: the error may still hold a view of it)
         self._lose(error)
         if self.transport is not None:
             self.transport.abort()
@@ -251,7 +287,7 @@ class ChannelClient:
             return self._protocol
 
     def _framed(self) -> _Framed:
-        protocol = _Framed(self._answered, lambda error: self._lost(protocol, error))
+        protocol = _Framed(self._answered, lambda error: self._lost(protocol, error), _from_instance)
         return protocol
 
     def _answered(self, message: Any) -> None:
