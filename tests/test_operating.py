@@ -210,7 +210,8 @@ async def test_a_session_verified_on_another_replica_is_never_a_genuine_zero(
 ) -> None:
     """Two replicas with one secret: play on the first, verify on the second: a masked session_lost verdict naming
     the owner, refused 410 by default (on either nemo-gym), answered 200 with GYMHOST_MASKED_VERDICTS=answer. A tool
-    call there is 410; a seed there starts a new episode."""
+    call there is 410; a seed there starts a new episode on a Gym server, and is 410 too on a written one, whose
+    cookie says its session played an episode (the model's own seed must not start it over)."""
     folder = gym_root / COUNTER if server_kind == "published" else counter_folder
     row = example_rows(folder)[0] if server_kind == "published" else rows(folder)[0]
     tool, arguments = ("increment_counter", {"count": 1}) if server_kind == "published" else ("increment", {"by": 2})
@@ -235,7 +236,11 @@ async def test_a_session_verified_on_another_replica_is_never_a_genuine_zero(
         assert (verdict["reward"], verdict["mask_sample"], verdict["failure_kind"]) == (0.0, True, "session_lost")
         assert "replica replica-a" in verdict["failure_reason"]
         reseeded = await elsewhere.post("/seed_session", row)
-        assert reseeded.status_code == 200, "a seed on another replica starts a new episode there"
+        if server_kind == "written":
+            assert reseeded.status_code == 410, reseeded.text
+            assert reseeded.json()["failure_kind"] == "session_lost", reseeded.text
+        else:
+            assert reseeded.status_code == 200, "a seed on another replica starts a new episode there"
         assert (await episode.verify(row)).get("mask_sample") in (False, None), "the owner still has it"
         refused = scrape(second.url).get(
             ("gymhost_masked_verdicts_refused_total", (("failure_kind", "session_lost"), ("mount", "/")))

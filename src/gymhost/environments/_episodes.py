@@ -24,7 +24,17 @@ from ._episode import Episode, Reply, episode_ended, log_fields
 from ._errors import EpisodeStateError, MalformedReplyError, SessionConflictError, StartupError, UnknownTaskError
 from ._grading import Asked, Observation
 from ._memory import Memory
-from ._outcomes import CANCELLED, SESSION_EXPIRED, SHUTDOWN, TIMEOUT, Failure, Verdict, breaks_instance, classify
+from ._outcomes import (
+    CANCELLED,
+    MALFORMED_REPLY,
+    SESSION_EXPIRED,
+    SHUTDOWN,
+    TIMEOUT,
+    Failure,
+    Verdict,
+    breaks_instance,
+    classify,
+)
 from ._settings import EpisodeSettings
 from ._tasks import Task
 
@@ -225,7 +235,13 @@ class Episodes:
                 episode.no_calls.set()
             episode.last_used = time.monotonic()
             self.metrics.tool_called(name, time.perf_counter() - began)
-        return Reply(400 if result.isError else 200, result.text)
+        try:  # a result an instance's pickle made, whose fields hold what it liked
+            return Reply(400 if result.isError is True else 200, str(result.text))
+        except Exception as error:
+            episode.failure = episode.failure or Failure(
+                MALFORMED_REPLY, f"tool {name}: a result that is not one: {error!r}"
+            )
+            return Reply(503, f"the environment is unavailable: {episode.failure.reason}", refused=True)
 
     async def verify(self, key: str, final_text: str, task_id: str | None = None) -> Verdict:
         """Grade the episode, then tear it down. An episode that expired answers its masked verdict once; a verify

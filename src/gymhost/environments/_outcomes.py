@@ -33,6 +33,7 @@ __all__ = [
     "DATA_PLANE_ERROR",
     "ENVIRONMENT_ERROR",
     "INTERNAL_ERROR",
+    "KNOWN_KINDS",
     "MALFORMED_REPLY",
     "NO_INSTANCE",
     "NO_REWARD",
@@ -61,6 +62,26 @@ INTERNAL_ERROR = "agentenv:internal_error"
 # reward that failed), and one it ended without giving any reward. Neither says how the model did.
 ENVIRONMENT_ERROR = "openenv:environment_error"
 NO_REWARD = "openenv:no_reward"
+# Every kind a failure may have: an instance's error naming another is malformed (a kind is a metric's label).
+KNOWN_KINDS = frozenset(
+    {
+        NO_INSTANCE,
+        UNREACHABLE,
+        PEER_DROP,
+        TIMEOUT,
+        VERIFIER_ERROR,
+        DATA_PLANE_ERROR,
+        MALFORMED_REPLY,
+        INTERNAL_ERROR,
+        ENVIRONMENT_ERROR,
+        NO_REWARD,
+        CANCELLED,
+        SESSION_EXPIRED,
+        SESSION_LOST,
+        SHUTDOWN,
+        *LIMIT_KINDS.values(),
+    }
+)
 # Failures that say the instance itself is broken: it is replaced (a bundle) or probed (a URL) before reuse.
 _BREAKS_INSTANCE = frozenset({UNREACHABLE, PEER_DROP, TIMEOUT, SESSION_LOST, MALFORMED_REPLY, *LIMIT_KINDS.values()})
 

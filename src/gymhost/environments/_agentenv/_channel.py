@@ -11,11 +11,12 @@ Frames are a 4-byte big-endian length and a pickle. Pickle, because both ends ar
 the values are the bridge's own (a task's seed and what its grading asks, catalogs, tool results, observations),
 carried with no conversion either way; the socket lives in a folder only this user can open. But an instance runs
 code gymhost did not write, which may write anything on its own channel: the server reads an instance's frames with
-an unpickler that builds plain data and the few classes an answer is made of, nothing else (``_FromInstance``), and
-checks what grading reads before it grades (``Observation.answering``). A request is ``(id, operation, arguments)``; an
-answer is ``(id, True, value)`` or ``(id, False, (error class name, message, kind))``: the errors are the bridge's own
-(``_errors``), raised again in the server as they were raised in the instance, and anything else is answered as a
-malformed reply. Several calls may be in flight on one connection (a tool call, and the pool reading the state).
+an unpickler that builds plain data and the few classes an answer is made of, nothing else (``_FromInstance``), of
+a bounded size walked (``_bounded``), and checks what grading reads before it grades (``Observation.answering``).
+A request is ``(id, operation, arguments)``; an answer is ``(id, True, value)`` or ``(id, False, (error class name,
+message, kind))``: the errors are the bridge's own (``_errors``, of a kind ``_outcomes`` knows), raised again in the
+server as they were raised in the instance, and anything else is answered as a malformed reply. Several calls may
+be in flight on one connection (a tool call, and the pool reading the state).
 An instance that reached one of its limits says so unasked, on every connection, just before it ends: a notice,
 ``(0, False, ("InstanceLimitError", message, failure_kind))``, which fails every call in flight and every later one
 (``end_for_limit``).
@@ -55,6 +56,7 @@ from .._errors import (
     McpSessionError,
 )
 from .._grading import Asked, Observation
+from .._outcomes import KNOWN_KINDS
 from .._tasks import Seed
 from ._eager import start_eagerly
 
@@ -94,7 +96,39 @@ class _FromInstance(pickle.Unpickler):
 
 
 def _from_instance(frame: memoryview) -> Any:
-    return _FromInstance(io.BytesIO(frame)).load()
+    value = _FromInstance(io.BytesIO(frame)).load()
+    _bounded(value)
+    return value
+
+
+_MAX_VALUES = 1_000_000  # the values an answer holds, its containers' and its leaves' (an honest one: a few dozen)
+_LEAVES = (str, bytes, int, float, bool, type(None))
+
+
+def _bounded(value: Any) -> None:
+    """Refuse an answer that, walked as a tree (as ``repr`` and ``json.dumps`` walk it), holds more than
+    ``_MAX_VALUES`` values or more text than a frame: a pickle's memo lets a few hundred bytes stand for 2**60
+    leaves, or a cycle for endless ones, which would hold every session up."""
+    stack, count, text = [value], 0, 0
+    while stack:
+        item = stack.pop()
+        count += 1
+        if count > _MAX_VALUES:
+            raise pickle.UnpicklingError(f"an answer of more than {_MAX_VALUES} values")
+        if isinstance(item, _LEAVES):
+            text += len(item) if isinstance(item, str | bytes) else 0
+            if text > _MAX_FRAME:
+                raise pickle.UnpicklingError(f"an answer of more than {_MAX_FRAME} characters")
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            stack.extend(item)
+        elif isinstance(item, ToolResult):
+            stack.append(dict(item.__dict__))
+            stack.extend((item.__pydantic_extra__, item.__pydantic_fields_set__, item.__pydantic_private__))
+        else:  # a slots dataclass (Catalog, Observation): its fields
+            stack.extend(getattr(item, name, None) for name in item.__slots__)
 
 
 class _Framed(asyncio.Protocol):
@@ -382,6 +416,10 @@ def _error_from(base_url: str, value: Any) -> BaseException:
     cls = getattr(_errors, str(name), None)
     if not (isinstance(cls, type) and issubclass(cls, GymhostError)):
         return MalformedReplyError(f"{base_url}: the instance raised {message}")
+    if kind is not None and not (
+        isinstance(kind, str) and kind in KNOWN_KINDS
+    ):  # (a metric's label, and the pool's judgment of the instance)
+        return MalformedReplyError(f"{base_url}: the instance raised {name} of an unknown kind")
     try:
         return cls(message, kind=kind) if kind is not None else cls(message)  # type: ignore[call-arg]
     except TypeError:
