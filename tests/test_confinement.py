@@ -373,3 +373,26 @@ async def test_strict_refuses_a_bundle_served_in_process(tmp_path: Path) -> None
             await episode.seed(rows(folder)[0])
             assert (await episode.call_tool("increment")).ok
     assert "cannot be confined; write it with --mode process" in server.output, server.output
+
+
+# Template code (the bundle's, imported there) that hands the server a pidfd of its own parent, not of the instance
+# it forked: at the landlock level, the server itself, which would then signal itself as it retires the instance.
+HANDS_OVER_ITS_PARENT = """
+import os, sys
+
+_template = sys.modules["__main__"]  # the template runs as python -m ..._template
+_hand_over = _template._hand_over
+_template._hand_over = lambda pidfds, pid, pidfd: _hand_over(pidfds, os.getppid(), -1)
+"""
+
+
+async def test_the_server_signals_no_process_its_template_did_not_start(tmp_path: Path) -> None:
+    bundle = make_bundle(tmp_path / "bundles")
+    folder = (await awrite_folder(str(bundle), tmp_path / "root", instances=1, mode="process")).path
+    copied = folder / "bundle" / "env.py"
+    copied.write_text(HANDS_OVER_ITS_PARENT + copied.read_text())
+    finished = run_to_completion(without_user_namespaces(gymhost_command("serve", str(folder), "--port", "0")))
+    output = finished.stdout + finished.stderr
+    assert "restricted by Landlock and seccomp" in output, output
+    assert finished.returncode == 1, output  # refused at its first instance, never signalling its own server
+    assert re.search(r"the instance template handed over process \d+, which it did not start", output), output

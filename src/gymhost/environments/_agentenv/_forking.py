@@ -307,11 +307,17 @@ class _Template:
                 _, pidfds, _ = received_fds(self._pidfds, 1, 1)  # not for what the server starts
             except BlockingIOError:
                 raise StartupError("the instance template spawned an instance and handed over no pidfd") from None
-        # The template runs hosted code: what it hands over is used only if it is a pidfd (of a process it can see).
-        if pidfds and not os.readlink(f"/proc/self/fd/{pidfds[0]}").startswith(("anon_inode:[pidfd]", "pidfd:")):
-            os.close(pidfds[0])
+        # The template runs hosted code: what it hands over is used only if it is a pidfd, of a process it started
+        # (the server signals it, and may make it wait: never the server itself, nor another of its user's).
+        pidfd = pidfds[0] if pidfds else None
+        if pidfd is not None and not os.readlink(f"/proc/self/fd/{pidfd}").startswith(("anon_inode:[pidfd]", "pidfd:")):
+            os.close(pidfd)
             raise StartupError("the instance template handed over something that is not a pidfd")
-        return ForkedProcess(pidfds[0] if pidfds else None, int(words[1]))
+        pid = _pid_of(pidfd)  # None: no pidfd (the instance was gone), or gone since: nothing is signalled then
+        if pidfd is not None and pid is not None and not _descends_from(pid, self.process.pid):
+            os.close(pidfd)
+            raise StartupError(f"the instance template handed over process {pid}, which it did not start")
+        return ForkedProcess(pidfd, int(words[1]) if words[1].isdigit() else 0)
 
     async def stop(self) -> None:
         self._pidfds.close()
@@ -612,6 +618,20 @@ def _pid_of(pidfd: int | None) -> int | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def _descends_from(pid: int, ancestor: int, levels: int = 4) -> bool:
+    """Whether ``ancestor`` is ``pid``'s parent, or its parent's, within ``levels`` (a confined template is the
+    grandchild of what the server started: bubblewrap, and the sandbox's first process)."""
+    for _level in range(levels):
+        try:
+            with open(f"/proc/{pid}/status") as status:
+                pid = next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
+        except (OSError, StopIteration, ValueError):
+            return False
+        if pid == ancestor:
+            return True
+    return False
 
 
 def _template_arguments(construct_once: bool, pidfds: socket.socket) -> list[str]:
