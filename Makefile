@@ -272,16 +272,20 @@ image: image-base
 
 # The container tier: the image run as deploy/kubernetes runs it (non-root, read-only root file system, its limits),
 # played through by the real vf-eval (the manifests tier checks the manifests themselves).
-test-container: image .venv-gym07/.installed .venv-verifiers/.installed
+# The image is built in this tier's own recipe, not as a prerequisite: GNU make -j passes over a goal whose
+# prerequisite is still to run and starts every later goal first, which left this tier, meant to run beside gym07,
+# for the very end of make test (its base comes with make test's venvs: it is mostly downloads).
+test-container: .venv-gym07/.installed .venv-verifiers/.installed
+	@$(MAKE) --no-print-directory image
 	GYMHOST_IMAGE=$(IMAGE) GYMHOST_VERIFIERS_BIN=$(CURDIR)/.venv-verifiers/bin $(TIMED) container -- \
 		.venv-gym07/bin/pytest -m container
 
-# make test, in two steps. First the venvs and the Debian packages the tiers use, side by side (mostly waiting on the
-# package index; tests/tiers/need.sh takes apt's turns one at a time). Then the tiers, TEST_JOBS at a time, longest
-# first, so a tier that waits (on processes starting, on a drain, on venvs being built, the image on its downloads)
-# lends its cores to another. The whole run writes its temporary files in one folder (TMPDIR), which it removes at the
-# end, after killing and naming any process it started that is still running (tests/tiers/leftovers.py); it ends
-# with each tier's wall and CPU time (tests/tiers/timed.py).
+# make test, in two steps. First the venvs, the Debian packages the tiers use and the image's base, side by side (mostly
+# waiting on the package index; tests/tiers/need.sh takes apt's turns one at a time). Then the tiers, TEST_JOBS at a
+# time, longest first, so a tier that waits (on processes starting, on a drain, on venvs being built, the image on its
+# downloads) lends its cores to another. The whole run writes its temporary files in one folder (TMPDIR), which it
+# removes at the end, after killing and naming any process it started that is still running (tests/tiers/leftovers.py);
+# it ends with each tier's wall and CPU time (tests/tiers/timed.py).
 TEST_JOBS ?= 2
 SYSTEM_PACKAGES := ss=iproute2 ip=iproute2 haproxy=haproxy node=nodejs npm=npm $(CONTAINER_TOOLS)
 system-packages:
@@ -290,7 +294,7 @@ system-packages:
 test: | check-pythons
 	@rm -rf .test-times; run_tmp=$$(mktemp -d /tmp/gymhost-test.XXXXXX); export TMPDIR=$$run_tmp; \
 	started=$$(date +%s); status=0; \
-	$(MAKE) -j6 --output-sync=target system-packages $(VENVS) || status=$$?; \
+	$(MAKE) -j6 --output-sync=target system-packages image-base $(VENVS) || status=$$?; \
 	[ $$status -ne 0 ] || $(TIMED) all-tiers -- $(MAKE) -j$(TEST_JOBS) --output-sync=target test-tiers || status=$$?; \
 	$(PY312) tests/tiers/leftovers.py "$$run_tmp"; \
 	echo "make test: $$(( ($$(date +%s) - started) / 60 )) min $$(( ($$(date +%s) - started) % 60 )) s in all"; \

@@ -17,6 +17,7 @@ out of sight.
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import os
 from collections.abc import Iterator, Mapping
@@ -207,7 +208,9 @@ def declared_datasets(folder: Path) -> list[Path]:
                 path = root / declared  # an absolute path stays itself
                 if path.is_file():
                     found[path.resolve()] = None
-                    found.update(dict.fromkeys(p.resolve() for p in path.parent.glob(f"{path.stem}_prepare*.jsonl")))
+                    found.update(
+                        dict.fromkeys(p.resolve() for p in path.parent.glob(f"{glob.escape(path.stem)}_prepare*.jsonl"))
+                    )
     return list(found)
 
 
