@@ -238,12 +238,28 @@ def test_a_confined_server_that_fails_to_build_says_why_in_one_record(tmp_path: 
     assert last["message"].endswith("app.py: importing it failed: RuntimeError('broken')"), last
 
 
+# What the model's code does in a confined runner behind a gateway: looks at who it is and what processes it sees,
+# and writes, where its server keeps its metrics for the gateway to read, files that do not hold values.
+LOOK_AND_FORGE = """\
+import os
+from prometheus_client.mmap_dict import MmapedDict
+folder = os.environ["PROMETHEUS_MULTIPROC_DIR"]
+forged = {"counter_forged-1.db": "not json", "counter_forged-2.db": '["x", "x_total", {"mount": ["/"]}, ""]'}
+for name, key in forged.items():
+    values = MmapedDict(os.path.join(folder, name))
+    values.write_value(key, 1.0, 0.0)
+    values.close()
+print(os.getuid(), sum(e.isdigit() for e in os.listdir('/proc')))
+"""
+
+
 async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in_a_process_of_its_own(
     tmp_path: Path,
 ) -> None:
     """A template cannot confine its instances from inside a sandbox, so a gateway holding a written folder is not
     confined as a whole: its Gym servers are, each in a process of its own behind it, and the gateway's /metrics
-    still counts their sessions. Under ``--log-format json`` every line is JSON, those processes' own too."""
+    still counts their sessions, past what the code they run writes among their metrics. Under ``--log-format
+    json`` every line is JSON, those processes' own too."""
     root = tmp_path / "root"
     bundle = make_bundle(tmp_path / "bundles")
     written = (await awrite_folder(str(bundle), root, instances=1, mode="process")).path
@@ -256,13 +272,16 @@ async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in
             await episode.seed(rows(written)[0])
             assert (await episode.call_tool("increment", {"by": 2})).ok
             assert (await episode.verify(rows(written)[0]))["reward"] == 1.0
-        look = "import os\nprint(os.getuid(), sum(e.isdigit() for e in os.listdir('/proc')))\n"
         async with EpisodeClient(f"{server.url}/runner") as episode:
             await episode.seed(ROW)
             metrics = httpx.get(f"{server.url}/metrics", timeout=STATE_TIMEOUT_S).text
-            answer = await episode.post("/verify", {**ROW, "response": response_saying(look)})
+            answer = await episode.post("/verify", {**ROW, "response": response_saying(LOOK_AND_FORGE)})
         assert 'gymhost_sessions_started_total{mount="/runner"} 1.0' in metrics, metrics
         assert answer.status_code == 200, answer.text
+        # The model's code wrote files of its own where the runner keeps its metrics: the gateway reads past them.
+        after = httpx.get(f"{server.url}/metrics", timeout=STATE_TIMEOUT_S)
+        assert after.status_code == 200, after.text
+        assert 'gymhost_sessions_started_total{mount="/runner"} 1.0' in after.text, after.text
         uid, processes = map(int, answer.json()["printed"].split())
         assert uid != 0, answer.text
         assert processes <= 4, answer.text  # in the runner's own sandbox
@@ -270,6 +289,7 @@ async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in
     assert sum("its own code runs confined: bubblewrap" in said for said in messages) == 1, server.output
     assert any("hosted code confinement: namespaces" in said for said in messages), server.output  # its instances
     assert any(said.startswith("serving runner at ") for said in messages), "the runner's process said it is serving"
+    assert sum("which holds no values gymhost can read" in said for said in messages) == 2, server.output
     refused = run_to_completion(
         gymhost_command("serve", str(root), "--port", "0", "--sandbox", "strict", "--workers", "2")
     )

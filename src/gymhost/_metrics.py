@@ -11,6 +11,7 @@ aggregates them across worker processes.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -36,6 +37,8 @@ __all__ = [
 ]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+logger = logging.getLogger("gymhost")
+
 METRICS_FOLDER_ENV_VAR = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's: where processes keep shared values
 ROOT = "/"
 _FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -245,7 +248,10 @@ def shared_metrics_folder() -> Path | None:
 
 class _SharedMetrics:
     """prometheus_client's ``MultiProcessCollector``, over the shared folder and the folders below it: a confined
-    server writes its values in a folder of its own there, the only one its sandbox lets it write."""
+    server writes its values in a folder of its own there, the only one its sandbox lets it write. So does the code
+    it runs for the model (``code_gen``'s verify): a file below the folder is read alone first, and one that does not
+    read or render as values is left out, logged once, so that what hosted code writes there never breaks
+    ``/metrics``."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
@@ -253,9 +259,43 @@ class _SharedMetrics:
     def collect(self) -> Iterable[Metric]:
         from prometheus_client import multiprocess
 
-        files = list(_value_files(self.folder, depth=3))
-        merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge(files, accumulate=True)  # type: ignore[no-untyped-call]
-        return merged
+        merge = multiprocess.MultiProcessCollector.merge
+        files = [
+            path
+            for path in _value_files(self.folder, depth=3)
+            if os.path.dirname(path) == self.folder or _readable_values(path)  # (its own processes' files: gymhost's)
+        ]
+        try:
+            merged: Iterable[Metric] = merge(files, accumulate=True)  # type: ignore[no-untyped-call]
+            return merged
+        except Exception as error:  # a file changed since it was read alone: this scrape goes without the others'
+            logger.warning("metrics: left out the values kept below %s this once: %r", self.folder, error)
+            ours = [path for path in files if os.path.dirname(path) == self.folder]
+            merged = merge(ours, accumulate=True)  # type: ignore[no-untyped-call]
+            return merged
+
+
+_LEFT_OUT_SAID: set[str] = set()  # the files whose values were left out, said once each
+
+
+def _readable_values(path: str) -> bool:
+    from prometheus_client import multiprocess
+
+    class _One:
+        def collect(self) -> Iterable[Metric]:
+            merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge([path], accumulate=True)  # type: ignore[no-untyped-call]
+            return merged
+
+    registry = CollectorRegistry()
+    registry.register(_One())
+    try:
+        generate_latest(registry)
+    except Exception as error:
+        if path not in _LEFT_OUT_SAID and len(_LEFT_OUT_SAID) < 1000:
+            _LEFT_OUT_SAID.add(path)
+            logger.warning("metrics: left out %s, which holds no values gymhost can read: %r", path, error)
+        return False
+    return True
 
 
 def _value_files(folder: str, depth: int) -> Iterator[str]:
