@@ -110,26 +110,29 @@ async def test_a_frame_that_is_not_one_fails_the_call_as_malformed_and_the_next_
         await channel.aclose()
 
 
-def _answering_more_than_the_server_builds(request_id: int) -> bytes:
-    """``(request_id, True, [{}, {}, ...])`` with 2 MiB of empty dicts: an opcode of one byte each, 64 bytes of dict."""
-    payload = b"\x80\x04J" + struct.pack("<i", request_id) + b"\x88(" + b"}" * (2 * 1024 * 1024) + b"l\x87."
+def _answering_more_than_the_server_builds(request_id: int, kind: str) -> bytes:
+    """``(request_id, True, value)``, where value is 2 MiB of empty dicts (an opcode of one byte each, 64 bytes of
+    dict), or an empty list put in memo slot 10,000,000 (seven bytes; the unpickler grows its memo to twice that)."""
+    built = b"(" + b"}" * (2 * 1024 * 1024) + b"l" if kind == "opcodes" else b"]r" + struct.pack("<I", 10_000_000)
+    payload = b"\x80\x04J" + struct.pack("<i", request_id) + b"\x88" + built + b"\x87."
     return struct.pack(">I", len(payload)) + payload
 
 
 async def test_an_answer_standing_for_more_than_the_server_builds_or_walks_is_malformed(tmp_path: Path) -> None:
     """Hosted code writes what it likes on its channel: a pickle's memo lets a few hundred bytes stand for 2**60
-    values, which the server would walk for as long as the machine lasts, and an opcode of one byte builds a dict of
-    64, so a frame within the size limit would take many times its size in memory. Both are refused as malformed
-    replies, within a bound of the server's memory, and the next call is answered."""
+    values, which the server would walk for as long as the machine lasts; an opcode of one byte builds a dict of
+    64, so a frame within the size limit would take many times its size in memory; and a memo slot named in seven
+    bytes grows the memo to twice its number. Each is refused as a malformed reply, within a bound of the server's
+    memory, and the next call is answered."""
     bomb: list[Any] = []
     for _ in range(60):
         bomb = [bomb, bomb]
-    answers = iter(["memo", "opcodes", "fine"])
+    answers = iter(["memo", "opcodes", "slot", "fine"])
 
     async def answer(request: Any, writer: asyncio.StreamWriter) -> None:
         kind = next(answers)
-        if kind == "opcodes":
-            writer.write(_answering_more_than_the_server_builds(request[0]))
+        if kind in ("opcodes", "slot"):
+            writer.write(_answering_more_than_the_server_builds(request[0], kind))
         else:
             writer.write(frame((request[0], True, bomb if kind == "memo" else kind)))
 
@@ -141,10 +144,12 @@ async def test_an_answer_standing_for_more_than_the_server_builds_or_walks_is_ma
         try:
             with pytest.raises(MalformedReplyError, match="an answer of more than 1000000 values"):
                 await channel.call("state")
+            with pytest.raises(MalformedReplyError, match="an answer naming a memo slot"):
+                await channel.call("state")
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-        assert peak < 32 * 1024 * 1024, f"{peak / 2**20:.0f} MiB to refuse a frame of 2 MiB"
+        assert peak < 32 * 1024 * 1024, f"{peak / 2**20:.0f} MiB to refuse frames of 2 MiB and of 14 bytes"
         assert await channel.call("state") == "fine"
         await channel.aclose()
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -249,53 +251,102 @@ def shared_metrics_folder() -> Path | None:
 class _SharedMetrics:
     """prometheus_client's ``MultiProcessCollector``, over the shared folder and the folders below it: a confined
     server writes its values in a folder of its own there, the only one its sandbox lets it write. So does the code
-    it runs for the model (``code_gen``'s verify): a file below the folder is read alone first, and one that does not
-    read or render as values is left out, logged once, so that what hosted code writes there never breaks
-    ``/metrics``."""
+    it runs for the model (``code_gen``'s verify), which may write anything there, swap it as it is read, or make it
+    a pipe. So a folder below is read through copies (``_copied``: regular files, never through a link, of a bounded
+    size), after gymhost's own processes' files: a file whose values do not merge and render with those is left
+    out, and a folder whose files together do not with the folders before it; each said once in the log."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
 
     def collect(self) -> Iterable[Metric]:
-        from prometheus_client import multiprocess
+        ours = sorted(_value_files(self.folder, depth=1))
+        merged = _merged(ours)
+        assert merged is not None, "gymhost's own values always merge"
+        with tempfile.TemporaryDirectory(prefix="gymhost-metrics-read-") as copies:
+            copied = ours
+            for number, below in enumerate(_folders_below(self.folder)):
+                files = []
+                for index, path in enumerate(sorted(_value_files(below, depth=2))[:_MAX_FILES_A_FOLDER]):
+                    copy = _copied(path, os.path.join(copies, f"{number}-{index}"))
+                    if copy is not None and _merged([*ours, copy]) is None:
+                        _left_out(path, "it holds no values gymhost can read")
+                    elif copy is not None:
+                        files.append(copy)
+                tried = _merged([*copied, *files])
+                if tried is None:
+                    _left_out(below, "its values do not merge with the others'")
+                    continue
+                copied, merged = [*copied, *files], tried
+        return merged
 
-        merge = multiprocess.MultiProcessCollector.merge
-        files = [
-            path
-            for path in _value_files(self.folder, depth=3)
-            if os.path.dirname(path) == self.folder or _readable_values(path)  # (its own processes' files: gymhost's)
-        ]
-        try:
-            merged: Iterable[Metric] = merge(files, accumulate=True)  # type: ignore[no-untyped-call]
-            return merged
-        except Exception as error:  # a file changed since it was read alone: this scrape goes without the others'
-            logger.warning("metrics: left out the values kept below %s this once: %r", self.folder, error)
-            ours = [path for path in files if os.path.dirname(path) == self.folder]
-            merged = merge(ours, accumulate=True)  # type: ignore[no-untyped-call]
-            return merged
+
+_MAX_FILES_A_FOLDER = 256  # a confined server's values files: one a metric type and process (a few dozen)
+_MAX_USED_BYTES = 4 * 1024 * 1024  # a values file's entries (a few thousand series); past this it is not read
+_LEFT_OUT_SAID: set[str] = set()  # what was left out, said once each
 
 
-_LEFT_OUT_SAID: set[str] = set()  # the files whose values were left out, said once each
-
-
-def _readable_values(path: str) -> bool:
+def _merged(files: list[str]) -> list[Metric] | None:
+    """``files`` merged and rendered, or None where they do not."""
     from prometheus_client import multiprocess
 
-    class _One:
-        def collect(self) -> Iterable[Metric]:
-            merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge([path], accumulate=True)  # type: ignore[no-untyped-call]
-            return merged
-
-    registry = CollectorRegistry()
-    registry.register(_One())
     try:
+        merged = list(multiprocess.MultiProcessCollector.merge(files, accumulate=True))  # type: ignore[no-untyped-call]
+        registry = CollectorRegistry()
+        registry.register(_Collected(merged))
         generate_latest(registry)
-    except Exception as error:
-        if path not in _LEFT_OUT_SAID and len(_LEFT_OUT_SAID) < 1000:
-            _LEFT_OUT_SAID.add(path)
-            logger.warning("metrics: left out %s, which holds no values gymhost can read: %r", path, error)
-        return False
-    return True
+    except Exception:
+        return None
+    return merged
+
+
+class _Collected:
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        return self.metrics
+
+
+def _copied(path: str, folder: str) -> str | None:
+    """A copy of the values file at ``path`` in ``folder``, under its own name: read once, a regular file opened
+    without following a link nor waiting on a pipe, its entries within ``_MAX_USED_BYTES``. None if it is not one."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            return None
+        with os.fdopen(descriptor, "rb", closefd=False) as file:
+            header = file.read(8)
+            used = int.from_bytes(header[:4], "little", signed=True) if len(header) == 8 else -1
+            if not 8 <= used <= _MAX_USED_BYTES:
+                _left_out(path, f"its header says {used} bytes")
+                return None
+            data = header + file.read(used - 8)
+    except OSError:
+        return None
+    finally:
+        os.close(descriptor)
+    os.makedirs(folder, exist_ok=True)
+    copy = os.path.join(folder, os.path.basename(path))
+    with open(copy, "wb") as file:
+        file.write(data)
+    return copy
+
+
+def _left_out(what: str, why: str) -> None:
+    if what not in _LEFT_OUT_SAID and len(_LEFT_OUT_SAID) < 1000:
+        _LEFT_OUT_SAID.add(what)
+        logger.warning("metrics: left out %s: %s", what, why)
+
+
+def _folders_below(folder: str) -> list[str]:
+    try:
+        return sorted(entry.path for entry in os.scandir(folder) if entry.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
 
 
 def _value_files(folder: str, depth: int) -> Iterator[str]:

@@ -97,26 +97,27 @@ class _FromInstance(pickle.Unpickler):
 
 
 def _from_instance(frame: memoryview) -> Any:
-    if len(frame) > _COUNTED_FROM:
-        _counted(frame)
+    _counted(frame)
     value = _FromInstance(io.BytesIO(frame)).load()
     _bounded(value)
     return value
 
 
 _MAX_VALUES = 1_000_000  # the values an answer holds, its containers' and its leaves' (an honest one: a few dozen)
-# A pickle's opcode builds at most one value, but some build one of 70 times their own size (an empty dict: one byte,
-# 64 bytes of dict and a slot for it), so a frame of _MAX_FRAME bytes of them would take some 18 GiB of the server's
-# memory before _bounded saw its answer. Below this size, a frame builds at most 70 MiB; past it, its opcodes are
-# counted first. An honest large answer is a few large strings (a file, a screenshot): a few opcodes.
-_COUNTED_FROM = 1024 * 1024
+# The memo opcodes that name their slot: pickle.dumps (protocol 4 and 5, both ends' senders) memoizes with MEMOIZE
+# alone, while the unpickler grows its memo to twice the slot a PUT names, so seven bytes could take gigabytes.
+_SLOT_NAMING = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 
 
 def _counted(frame: memoryview) -> None:
-    """Refuse a frame of more opcodes than an answer may hold values, before it is built."""
-    for count, _ in enumerate(pickletools.genops(io.BytesIO(frame)), 1):
+    """Refuse, before it is built, a frame of more opcodes than an answer may hold values (an opcode of one byte can
+    build a set of 216), or one that names a memo slot. An honest answer is a few dozen opcodes (a large one, a few
+    large strings), read here in about 20 us (benchmarks/README.md)."""
+    for count, (opcode, _, _) in enumerate(pickletools.genops(io.BytesIO(frame)), 1):
         if count > _MAX_VALUES:
             raise pickle.UnpicklingError(f"an answer of more than {_MAX_VALUES} values")
+        if opcode.name in _SLOT_NAMING:
+            raise pickle.UnpicklingError(f"an answer naming a memo slot ({opcode.name})")
 
 
 _LEAVES = (str, bytes, int, float, bool, type(None))
