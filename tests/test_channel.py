@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import pickletools
 import struct
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agentenv_protocol import ToolResult
 
-from gymhost.environments._agentenv._channel import ChannelClient
+from gymhost.environments._agentenv._channel import ChannelClient, _counted, _from_instance
+from gymhost.environments._backend import Catalog
 from gymhost.environments._errors import (
     DataPlaneError,
     EnvDroppedError,
@@ -25,6 +28,7 @@ from gymhost.environments._errors import (
     EnvUnavailableError,
     MalformedReplyError,
 )
+from gymhost.environments._grading import Observation
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -144,7 +148,7 @@ async def test_an_answer_standing_for_more_than_the_server_builds_or_walks_is_ma
         try:
             with pytest.raises(MalformedReplyError, match="an answer of more than 1000000 values"):
                 await channel.call("state")
-            with pytest.raises(MalformedReplyError, match="an answer naming a memo slot"):
+            with pytest.raises(MalformedReplyError, match=r"an answer with the opcode b'r', which no answer has"):
                 await channel.call("state")
             _, peak = tracemalloc.get_traced_memory()
         finally:
@@ -152,6 +156,43 @@ async def test_an_answer_standing_for_more_than_the_server_builds_or_walks_is_ma
         assert peak < 32 * 1024 * 1024, f"{peak / 2**20:.0f} MiB to refuse frames of 2 MiB and of 14 bytes"
         assert await channel.call("state") == "fine"
         await channel.aclose()
+
+
+def test_every_answer_an_instance_sends_is_read_as_the_unpickler_reads_it() -> None:
+    """The server walks each frame before it unpickles it, skipping each opcode's argument by its size: every kind of
+    value an honest answer is made of passes, counted opcode by opcode as pickletools counts them (a size misread
+    would let the unpickler run bytes the walk skipped), and an opcode no answer has is refused."""
+    tool_result = ToolResult.model_validate(
+        {
+            "content": [
+                {"type": "text", "text": "é" * 300},
+                {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+            ],
+            "isError": True,
+            "structuredContent": {"n": [0, 255, 65535, 2**31, -(2**80), 2.5, None, True, False, b"x" * 300]},
+        }
+    )
+    observation = Observation(
+        state={"pos": [1, 2], "deep": {"t": (1, 2, 3, 4), "s": {1, 2}, "f": frozenset({"a"})}},
+        extension_scores={2: 1.0, 3: 0.5},
+        environment=(0.5, "a" * 70_000),
+    )
+    answers = [
+        tool_result,
+        Catalog("gridsim", card={"tools": [{"name": "move"}] * 3}),
+        observation,
+        ("EnvFailedError", "deploy failed", "openenv:environment_error"),
+        "x" * (2 * 1024 * 1024),  # past a frame's first 64 KiB: pickle's FRAME opcode
+        [[]] * 3,  # the memo
+    ]
+    for number, value in enumerate(answers, 1):
+        payload = pickle.dumps((number, True, value), protocol=pickle.HIGHEST_PROTOCOL)
+        opcodes = sum(1 for _ in pickletools.genops(payload))
+        assert _counted(memoryview(payload)) == opcodes, value
+        assert _from_instance(memoryview(payload)) == (number, True, value)
+    for refused in (pickle.dumps((1, True, None), protocol=0), b"\x80\x04]r\x00\x00\x00\x01."):
+        with pytest.raises(pickle.UnpicklingError, match="which no answer has"):
+            _counted(memoryview(refused))
 
 
 async def test_a_peer_that_closes_mid_call_is_dropped_and_one_that_never_answers_times_out(tmp_path: Path) -> None:

@@ -35,7 +35,6 @@ import itertools
 import logging
 import os
 import pickle
-import pickletools
 import socket
 import struct
 import sys
@@ -104,20 +103,44 @@ def _from_instance(frame: memoryview) -> Any:
 
 
 _MAX_VALUES = 1_000_000  # the values an answer holds, its containers' and its leaves' (an honest one: a few dozen)
-# The memo opcodes that name their slot: pickle.dumps (protocol 4 and 5, both ends' senders) memoizes with MEMOIZE
-# alone, while the unpickler grows its memo to twice the slot a PUT names, so seven bytes could take gigabytes.
-_SLOT_NAMING = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+
+# The opcodes pickle.dumps writes at protocols 4 and 5 (both ends' senders) for the values an answer is made of, by
+# the bytes of argument each takes: a fixed count, or a length of that many bytes and then as many bytes as it says.
+# Nothing else is read: not the memo opcodes that name their slot (the unpickler grows its memo to twice the slot a
+# PUT names, so seven bytes could take gigabytes; pickle.dumps memoizes with MEMOIZE alone), not the protocol 0 to 3
+# forms, not out-of-band buffers, extension codes nor recursion's POPs.
+_FIXED_ARGUMENT = {opcode: 0 for opcode in b"N\x88\x89)\x85\x86\x87(t]ae}su\x8f\x90\x91\x94\x93\x81\x92b."}
+_FIXED_ARGUMENT |= {ord("J"): 4, ord("K"): 1, ord("M"): 2, ord("G"): 8, ord("h"): 1, ord("j"): 4, 0x80: 1, 0x95: 8}
+_SIZED_ARGUMENT = {0x8A: "<B", 0x8B: "<I", 0x8C: "<B", ord("X"): "<I", 0x8D: "<Q", ord("C"): "<B", ord("B"): "<I"}
+_SIZED_ARGUMENT |= {0x8E: "<Q", 0x96: "<Q"}
+_STOP = ord(".")
 
 
-def _counted(frame: memoryview) -> None:
-    """Refuse, before it is built, a frame of more opcodes than an answer may hold values (an opcode of one byte can
-    build a set of 216), or one that names a memo slot. An honest answer is a few dozen opcodes (a large one, a few
-    large strings), read here in about 20 us (benchmarks/README.md)."""
-    for count, (opcode, _, _) in enumerate(pickletools.genops(io.BytesIO(frame)), 1):
+def _counted(frame: memoryview) -> int:
+    """Refuse, before it is built, a frame with an opcode an honest answer never has, or with more opcodes than an
+    answer may hold values (an opcode of one byte can build a set of 216 bytes). The frame is walked as the
+    unpickler reads it, each argument skipped by its size: an honest answer is a few dozen opcodes, a large one a
+    few large strings. pickletools.genops does the same walk with every argument decoded, three times as long
+    (benchmarks/README.md)."""
+    data, at, count = frame.tobytes(), 0, 0
+    end, unpack_from = len(data), struct.unpack_from
+    while at < end:
+        opcode = data[at]
+        at += 1
+        count += 1
+        skipped = _FIXED_ARGUMENT.get(opcode)
+        if skipped is None:
+            size = _SIZED_ARGUMENT.get(opcode)
+            if size is None:
+                raise pickle.UnpicklingError(f"an answer with the opcode {bytes([opcode])!r}, which no answer has")
+            (skipped,) = unpack_from(size, data, at)
+            skipped += struct.calcsize(size)
+        at += skipped
         if count > _MAX_VALUES:
             raise pickle.UnpicklingError(f"an answer of more than {_MAX_VALUES} values")
-        if opcode.name in _SLOT_NAMING:
-            raise pickle.UnpicklingError(f"an answer naming a memo slot ({opcode.name})")
+        if opcode == _STOP:
+            break
+    return count
 
 
 _LEAVES = (str, bytes, int, float, bool, type(None))
