@@ -125,7 +125,7 @@ class FaultyEnv(AgentEnvEnvironment):
             import gc
 
             for wire in [obj for obj in gc.get_objects() if type(obj).__name__ == "_Framed"]:
-                wire.transport.write(b"\\x00\\x00\\x00\\x08not one!")  # a length, then bytes that are no pickle
+                wire.transport.write(b"\\x00\\x00\\x00\\x08not one!")  # a length, then bytes that are no message
             return {"written": where}
         self.break_next = ("/" + where, "garbage")
         return {"armed": where}

@@ -393,10 +393,10 @@ SNOOPING_ENV = (
     @tool(name="stall")''',
     )
     + """
-import dataclasses, pickle
+import dataclasses, json, pickle
 
 SEEN = []
-_loads, _dumps = pickle.loads, pickle.dumps
+_loads, _dumps = pickle.loads, json.dumps
 
 def _reading(data, *args, **kwargs):
     message = _loads(data, *args, **kwargs)
@@ -411,7 +411,7 @@ def _forging(message, *args, **kwargs):  # the state the prompt asks for, whatev
         )
     return _dumps(message, *args, **kwargs)
 
-pickle.loads, pickle.dumps = _reading, _forging
+pickle.loads, json.dumps = _reading, _forging  # what the server sends, what the instance answers
 """
 )
 
@@ -448,37 +448,37 @@ async def test_hosted_code_never_sees_its_tasks_answers_nor_grades_its_episode(t
         assert (await solved.verify(row, "the-secret-word"))["reward"] == 1.0
 
 
-# Hosted code that sends, with each answer, a pickle that would run code where it is read. (Answers that stand for
-# more than the server will build or walk are test_channel's, against a peer on a real socket: a real instance is
-# refused the same way, through the same reader, only after its pool's start-up limit.)
+# Hosted code that sends, in place of each answer, a pickle that would run code where it is read. (Answers that stand
+# for more than the server will build are test_channel's, against a peer on a real socket: a real instance is refused
+# the same way, through the same reader, only after its pool's start-up limit.)
 ESCAPING_ENV = (
     COUNTER_ENV
     + """
 import pickle
 
+import gymhost.environments._agentenv._channel as _channel
+
 class _Escape:
     def __reduce__(self):
         return (exec, ("open(ESCAPED, 'w').write('ran in the server')",))
 
-_dumps = pickle.dumps
+def _escaping(message):
+    return pickle.dumps((*message, _Escape()) if isinstance(message, tuple) else message)
 
-def _escaping(message, *args, **kwargs):
-    return _dumps((*message, _Escape()) if isinstance(message, tuple) else message, *args, **kwargs)
-
-pickle.dumps = _escaping
+_channel._to_server = _escaping
 """
 )
 
 
 async def test_an_instance_cannot_run_code_in_the_server(tmp_path: Path) -> None:
-    """The server reads an instance's frames as plain data and the few classes an answer is made of: a frame that
-    names anything else (here ``exec``) is a malformed reply, never run; the instance is broken, not the server."""
+    """The server reads an instance's frames as JSON, data: a pickle naming ``exec`` is a malformed reply, never
+    run; the instance is broken, not the server."""
     escaped = tmp_path / "escaped"
     folder = (await awrite_folder(str(make_bundle(tmp_path)), tmp_path / "root", mode="process")).path
     bundles = [path for path in folder.rglob("env.py")]
     assert len(bundles) == 1, bundles  # the written folder's own copy of the bundle, served from now on
     bundles[0].write_text(ESCAPING_ENV.replace("{TOOL}", "increment").replace("ESCAPED", repr(str(escaped))))
-    with pytest.raises(StartupError, match=r"may not send a builtins\.exec"):
+    with pytest.raises(StartupError, match=r"a frame that is not a message"):
         async with served(folder, startup_timeout_s=5):  # (a broken instance is tried until this limit)
             pass
     assert not escaped.exists()

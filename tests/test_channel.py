@@ -6,8 +6,8 @@ sockets; a real instance process is ``test_direct_tools``' and ``test_faults``'.
 from __future__ import annotations
 
 import asyncio
+import json
 import pickle
-import pickletools
 import struct
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from agentenv_protocol import ToolResult
 
-from gymhost.environments._agentenv._channel import ChannelClient, _counted, _from_instance
+from gymhost.environments._agentenv._channel import _ANSWERS, ChannelClient, _from_instance, _to_server
 from gymhost.environments._backend import Catalog
 from gymhost.environments._errors import (
     DataPlaneError,
@@ -36,13 +36,15 @@ Answer = Callable[[tuple[Any, str, tuple[Any, ...]], asyncio.StreamWriter], Awai
 
 
 def frame(message: Any) -> bytes:
-    payload = pickle.dumps(message)
+    """An instance's answer as it writes one: JSON."""
+    payload = json.dumps(message).encode()
     return struct.pack(">I", len(payload)) + payload
 
 
 @asynccontextmanager
-async def peer(path: Path, answer: Answer) -> AsyncIterator[list[str]]:
-    """An instance's end of the channel that answers each request with ``answer``; yields the operations seen."""
+async def peer(path: Path, answer: Answer, ended: asyncio.Queue[None] | None = None) -> AsyncIterator[list[str]]:
+    """An instance's end of the channel that answers each request with ``answer``; yields the operations seen.
+    ``ended`` is told of each connection the server ends."""
     seen: list[str] = []
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -53,7 +55,8 @@ async def peer(path: Path, answer: Answer) -> AsyncIterator[list[str]]:
                 seen.append(request[1])
                 await answer(request, writer)
         except (asyncio.IncompleteReadError, ConnectionError):
-            pass
+            if ended is not None:
+                ended.put_nowait(None)
         finally:
             writer.close()
 
@@ -114,54 +117,51 @@ async def test_a_frame_that_is_not_one_fails_the_call_as_malformed_and_the_next_
         await channel.aclose()
 
 
-def _answering_more_than_the_server_builds(request_id: int, kind: str) -> bytes:
-    """``(request_id, True, value)``, where value is 2 MiB of empty dicts (an opcode of one byte each, 64 bytes of
-    dict), or an empty list put in memo slot 10,000,000 (seven bytes; the unpickler grows its memo to twice that)."""
-    built = b"(" + b"}" * (2 * 1024 * 1024) + b"l" if kind == "opcodes" else b"]r" + struct.pack("<I", 10_000_000)
-    payload = b"\x80\x04J" + struct.pack("<i", request_id) + b"\x88" + built + b"\x87."
-    return struct.pack(">I", len(payload)) + payload
+class _Escape:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (exec, ("raise SystemExit('ran in the server')",))
 
 
-async def test_an_answer_standing_for_more_than_the_server_builds_or_walks_is_malformed(tmp_path: Path) -> None:
-    """Hosted code writes what it likes on its channel: a pickle's memo lets a few hundred bytes stand for 2**60
-    values, which the server would walk for as long as the machine lasts; an opcode of one byte builds a dict of
-    64, so a frame within the size limit would take many times its size in memory; and a memo slot named in seven
-    bytes grows the memo to twice its number. Each is refused as a malformed reply, within a bound of the server's
-    memory, and the next call is answered."""
-    bomb: list[Any] = []
-    for _ in range(60):
-        bomb = [bomb, bomb]
-    answers = iter(["memo", "opcodes", "slot", "fine"])
+async def test_an_answer_is_read_as_data_never_run_nor_built_past_its_bound(tmp_path: Path) -> None:
+    """Hosted code writes what it likes on its channel: a pickle that names a callable (which unpickling would call),
+    2 MiB of empty arrays (three bytes of text, 64 of memory each), or data that is not the operation's answer.
+    Each is refused as a malformed reply, within a bound of the server's memory, and the next call is answered."""
+    answers = iter(["pickle", "arrays", "not a catalog", "fine"])
 
     async def answer(request: Any, writer: asyncio.StreamWriter) -> None:
         kind = next(answers)
-        if kind in ("opcodes", "slot"):
-            writer.write(_answering_more_than_the_server_builds(request[0], kind))
+        if kind == "pickle":
+            payload = pickle.dumps((request[0], True, _Escape()))
+            writer.write(struct.pack(">I", len(payload)) + payload)
+        elif kind == "arrays":
+            payload = b"[%d,true,[" % request[0] + b"[]," * (2 * 1024 * 1024) + b"[]]]"
+            writer.write(struct.pack(">I", len(payload)) + payload)
         else:
-            writer.write(frame((request[0], True, bomb if kind == "memo" else kind)))
+            writer.write(frame([request[0], True, {"name": "x"} if kind == "not a catalog" else kind]))
 
     async with peer(tmp_path / "0.sock", answer):
         channel = client(tmp_path / "0.sock")
-        with pytest.raises(MalformedReplyError, match="an answer of more than 1000000 values"):
+        with pytest.raises(MalformedReplyError, match="a frame that is not a message"):
             await channel.call("state")
         tracemalloc.start()
         try:
-            with pytest.raises(MalformedReplyError, match="an answer of more than 1000000 values"):
-                await channel.call("state")
-            with pytest.raises(MalformedReplyError, match=r"an answer with the opcode b'r', which no answer has"):
+            with pytest.raises(MalformedReplyError, match="an answer of more than 1000000 arrays and objects"):
                 await channel.call("state")
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-        assert peak < 32 * 1024 * 1024, f"{peak / 2**20:.0f} MiB to refuse frames of 2 MiB and of 14 bytes"
+        assert peak < 32 * 1024 * 1024, f"{peak / 2**20:.0f} MiB to refuse a frame of 6 MiB"
+        with pytest.raises(MalformedReplyError, match="describe answered not a catalog"):
+            await channel.describe()
         assert await channel.call("state") == "fine"
         await channel.aclose()
 
 
-def test_every_answer_an_instance_sends_is_read_as_the_unpickler_reads_it() -> None:
-    """The server walks each frame before it unpickles it, skipping each opcode's argument by its size: every kind of
-    value an honest answer is made of passes, counted opcode by opcode as pickletools counts them (a size misread
-    would let the unpickler run bytes the walk skipped), and an opcode no answer has is refused."""
+def test_every_answer_an_instance_sends_reads_back_as_it_was() -> None:
+    """What an instance answers crosses as JSON and is read back, by the operation it answers, as the same value:
+    tool results with text and images, catalogs, observations (their scores' indexes are a JSON object's keys),
+    names, tools, a session's id, flags, data. A score's index that is not a few digits is refused (ints' hashes
+    are themselves: keys of any size could be made to collide)."""
     tool_result = ToolResult.model_validate(
         {
             "content": [
@@ -169,30 +169,54 @@ def test_every_answer_an_instance_sends_is_read_as_the_unpickler_reads_it() -> N
                 {"type": "image", "data": "AAAA", "mimeType": "image/png"},
             ],
             "isError": True,
-            "structuredContent": {"n": [0, 255, 65535, 2**31, -(2**80), 2.5, None, True, False, b"x" * 300]},
         }
     )
-    observation = Observation(
-        state={"pos": [1, 2], "deep": {"t": (1, 2, 3, 4), "s": {1, 2}, "f": frozenset({"a"})}},
-        extension_scores={2: 1.0, 3: 0.5},
-        environment=(0.5, "a" * 70_000),
-    )
-    answers = [
-        tool_result,
-        Catalog("gridsim", card={"tools": [{"name": "move"}] * 3}),
-        observation,
-        ("EnvFailedError", "deploy failed", "openenv:environment_error"),
-        "x" * (2 * 1024 * 1024),  # past a frame's first 64 KiB: pickle's FRAME opcode
-        [[]] * 3,  # the memo
+    catalog = Catalog("gridsim", tools=({"name": "move", "inputSchema": {}},), hidden=frozenset({"b", "a"}), card={})
+    answers: list[tuple[str, Any]] = [
+        ("call_tool", tool_result),
+        ("describe", (catalog, True)),
+        ("observe", Observation(state={"pos": [1, 2]}, extension_scores={2: 1.0, 13: 0.5}, environment=(0.5, "a"))),
+        ("observe", Observation(state=None)),
+        ("hidden_tools", {"b", "a"}),
+        ("list_tools", [{"name": "move"}]),
+        ("open", "0123abcd"),
+        ("ready", False),
+        ("state", {"grid": [[0, 1]], "done": False}),
+        ("clear", None),
     ]
-    for number, value in enumerate(answers, 1):
-        payload = pickle.dumps((number, True, value), protocol=pickle.HIGHEST_PROTOCOL)
-        opcodes = sum(1 for _ in pickletools.genops(payload))
-        assert _counted(memoryview(payload)) == opcodes, value
-        assert _from_instance(memoryview(payload)) == (number, True, value)
-    for refused in (pickle.dumps((1, True, None), protocol=0), b"\x80\x04]r\x00\x00\x00\x01."):
-        with pytest.raises(pickle.UnpicklingError, match="which no answer has"):
-            _counted(memoryview(refused))
+    for number, (operation, value) in enumerate(answers, 1):
+        request_id, ok, read = _from_instance(memoryview(_to_server((number, True, value))))
+        assert (request_id, ok, _ANSWERS[operation](read)) == (number, True, value), operation
+    for index in (str(2**61 - 1), " 2", "1_0", "\u0663", "-1"):
+        with pytest.raises(ValueError, match="an extension score's index that is not one"):
+            _ANSWERS["observe"]({"state": None, "scores": {index: 1.0}, "environment": None})
+
+
+async def test_answers_nobody_asked_are_skipped_unread_and_a_message_not_an_answer_breaks_its_connection(
+    tmp_path: Path,
+) -> None:
+    """An answer to no call in flight (one that came after its call timed out, or hosted code's) is skipped without
+    being parsed: it could be 16 MiB for the server to read, as often as the instance liked. A message that is not
+    ``[id, ok, value]`` breaks its connection, and the next call makes another."""
+    answers = iter(["unasked then fine", "not an answer", "fine"])
+    ended: asyncio.Queue[None] = asyncio.Queue()
+
+    async def answer(request: Any, writer: asyncio.StreamWriter) -> None:
+        kind = next(answers)
+        if kind == "unasked then fine":
+            payload = b"[999,true,[" + b"[]," * (2 * 1024 * 1024) + b"[]]]"  # refused, were it read
+            writer.write(struct.pack(">I", len(payload)) + payload)
+        writer.write(frame([request[0], True] if kind == "not an answer" else [request[0], True, "fine"]))
+
+    async with peer(tmp_path / "0.sock", answer, ended):
+        channel = client(tmp_path / "0.sock")
+        assert await channel.call("state") == "fine"
+        with pytest.raises(MalformedReplyError, match=r"an answer that is not \(id, ok, value\)"):
+            await channel.call("state")
+        async with asyncio.timeout(30):  # (a bound on a failure, not a wait: it ends as the connection does)
+            await ended.get()  # the connection that said it, ended by the server
+        assert await channel.call("state") == "fine"
+        await channel.aclose()
 
 
 async def test_a_peer_that_closes_mid_call_is_dropped_and_one_that_never_answers_times_out(tmp_path: Path) -> None:

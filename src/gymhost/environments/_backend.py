@@ -59,7 +59,7 @@ INSTANCE_STATES = ("free", "leased", "resetting", "repairing", "starting", "stop
 ELSEWHERE: Final = "elsewhere"  # a launcher's confinement_level when someone else runs its instances
 
 
-@dataclass(frozen=True, slots=True)  # slots: an instance's pickle sets these fields and nothing else (no __dict__)
+@dataclass(frozen=True, slots=True)
 class Catalog:
     """What an environment offers, as the bridge reads it from a live instance: its name, the tools it lists (those
     ``hidden`` are plumbing a task drives, never the model's to call), and the protocol's own description of it

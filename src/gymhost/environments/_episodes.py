@@ -235,7 +235,7 @@ class Episodes:
                 episode.no_calls.set()
             episode.last_used = time.monotonic()
             self.metrics.tool_called(name, time.perf_counter() - began)
-        try:  # a result an instance's pickle made, whose fields hold what it liked
+        try:  # a result hosted code answered (an instance's: read from its JSON, its fields checked)
             return Reply(400 if result.isError is True else 200, str(result.text))
         except Exception as error:
             episode.failure = episode.failure or Failure(

@@ -73,7 +73,7 @@ class Asked:
         )
 
 
-@dataclass(frozen=True, slots=True)  # slots: an instance's pickle sets these fields and nothing else (no __dict__)
+@dataclass(frozen=True, slots=True)
 class Observation:
     """What an instance answers ``Asked``: what ``evaluate`` reads besides the final text."""
 

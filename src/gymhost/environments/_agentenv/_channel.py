@@ -7,12 +7,14 @@ its MCP server object (``_direct``). What crosses the process boundary is a call
 in-process, and the server's side of a tool call is one small message each way instead of an HTTP request with an
 SSE reply and JSON-RPC text parsed on both sides.
 
-Frames are a 4-byte big-endian length and a pickle. Pickle, because both ends are the same gymhost and Python, and
-the values are the bridge's own (a task's seed and what its grading asks, catalogs, tool results, observations),
-carried with no conversion either way; the socket lives in a folder only this user can open. But an instance runs
-code gymhost did not write, which may write anything on its own channel: the server reads an instance's frames with
-an unpickler that builds plain data and the few classes an answer is made of, nothing else (``_FromInstance``), of
-a bounded size walked (``_bounded``), and checks what grading reads before it grades (``Observation.answering``).
+Frames are a 4-byte big-endian length and a message. The server writes pickles: its own values (a task's seed and
+what its grading asks, a tool call's arguments), carried with no conversion, to a peer that is the same gymhost and
+Python; the socket lives in a folder only this user can open. An instance writes JSON: it runs code gymhost did not
+write, which may write anything on its own channel, and a pickle names callables that unpickling calls, while its
+opcodes let a few bytes make the reader build gigabytes or hash for hours. The server reads each answer as data
+(``_from_instance``: its arrays and objects counted before it is parsed), as the operation it answers
+(``_ANSWERS``: a tool result, a catalog, an observation, built from fields whose form is checked), and checks what
+grading reads before it grades (``Observation.answering``).
 A request is ``(id, operation, arguments)``; an answer is ``(id, True, value)`` or ``(id, False, (error class name,
 message, kind))``: the errors are the bridge's own (``_errors``, of a kind ``_outcomes`` knows), raised again in the
 server as they were raised in the instance, and anything else is answered as a malformed reply. Several calls may
@@ -30,15 +32,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import itertools
+import json
 import logging
 import os
 import pickle
+import re
 import socket
 import struct
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, cast
 
 from agentenv_protocol import ToolResult
@@ -65,7 +68,15 @@ __all__ = ["ChannelClient", "Copies", "end_for_limit", "listen_at", "serve_insta
 logger = logging.getLogger("gymhost.environments")
 
 _HEADER = struct.Struct(">I")
-_MAX_FRAME = 256 * 1024 * 1024  # a tool result can be large (a file, a screenshot); past this, the peer is broken
+_MAX_FRAME = 256 * 1024 * 1024  # what the server sends an instance (a task's seed, a tool call's arguments)
+# What an instance answers: a tool result can be large (a file, a screenshot), but a frame of JSON can build sixteen
+# times its size in memory (one-character strings) and take half a second to parse at this size, so less than the
+# server's own. An instance's larger answer is answered as an error there.
+_MAX_ANSWER = 16 * 1024 * 1024
+_MAX_CONTAINERS = 1_000_000  # the arrays and objects an answer holds (an honest one: a few dozen)
+_MAX_SAID = 4000  # the characters of an instance's error message kept (it becomes a failure_reason, a log line)
+_ANSWER_ID = re.compile(rb"\[(\d{1,18}),")  # how an instance's answer begins: ``[id,``
+_UNASKED = object()  # an answer nobody waits for, skipped unread
 _MARGIN_S = 1.0  # the instance times its own tool calls out; the server waits this much longer before it does
 _ANY_CATALOG = Catalog("")  # the catalog an instance process opens its own tool sessions with (they are direct)
 _NOTICE = 0  # the request id of what an instance says unasked; a call's ids start at 1
@@ -73,116 +84,152 @@ _LIMIT_EXIT = 70  # the status an instance that reached a limit ends with (EX_SO
 _ENDED_WAIT_S = 1.0  # how long the server waits, once an instance has exited, for the rest of what it said
 
 
-# The classes an instance's answers are made of (besides Python's plain data, which a pickle builds without naming a
-# class): tool results, catalogs, what grading reads.
-_ANSWER_CLASSES = frozenset(
-    {
-        ("agentenv_protocol.tool_client", "ToolResult"),
-        ("gymhost.environments._backend", "Catalog"),
-        ("gymhost.environments._grading", "Observation"),
-    }
-)
+def _to_instance(message: Any) -> bytes:
+    """The server's message to an instance: a pickle, carried with no conversion (the server's own values)."""
+    return pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-class _FromInstance(pickle.Unpickler):
-    """How the server reads an instance's frames: the bridge's own values, and nothing that runs code. The instance
-    hosts code it did not write, which may write anything on its channel, and a pickle may name any callable, which
-    unpickling calls (``__reduce__``): a frame may name only the classes an answer is made of."""
+def _from_server(frame: memoryview) -> Any:
+    return pickle.loads(frame)
 
-    def find_class(self, module: str, name: str) -> Any:
-        if (module, name) not in _ANSWER_CLASSES:
-            raise pickle.UnpicklingError(f"an instance may not send a {module}.{name}")
-        return super().find_class(module, name)
+
+def _to_server(message: Any) -> bytes:
+    """An instance's message to the server, as JSON: tool results, catalogs and observations as their fields, sets
+    as sorted lists, a dict's int keys as text (``_ANSWERS`` reads each back as the operation's answer)."""
+    payload = json.dumps(message, default=_plain, separators=(",", ":")).encode()
+    if len(payload) > _MAX_ANSWER:
+        raise ValueError(f"an answer of {len(payload)} bytes, past the limit of {_MAX_ANSWER}")
+    return payload
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, ToolResult):
+        return value.model_dump(mode="json")
+    if isinstance(value, Catalog):
+        return {"name": value.name, "tools": list(value.tools), "hidden": sorted(value.hidden), "card": value.card}
+    if isinstance(value, Observation):
+        return {"state": value.state, "scores": value.extension_scores, "environment": value.environment}
+    if isinstance(value, set | frozenset):
+        return sorted(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    raise TypeError(f"a {type(value).__name__} is not JSON")
 
 
 def _from_instance(frame: memoryview) -> Any:
-    _counted(frame)
-    value = _FromInstance(io.BytesIO(frame)).load()
-    _bounded(value)
+    """An instance's frame, read as JSON: data, never code (a pickle names callables, which unpickling calls, and
+    its opcodes let a few bytes make the server build gigabytes or hash for hours). Its arrays and objects are
+    counted in the text before it is parsed (an empty array: three bytes of text, 64 of memory)."""
+    data = frame.tobytes()
+    if data.count(b"[") + data.count(b"{") > _MAX_CONTAINERS:
+        raise ValueError(f"an answer of more than {_MAX_CONTAINERS} arrays and objects")
+    return json.loads(data)
+
+
+# What each operation's answer is read as: its form checked, the bridge's own values built from its fields.
+def _nothing(value: Any) -> None:
+    return None
+
+
+def _data(value: Any) -> Any:
+    return value  # JSON, as an environment's data plane answers it
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"a {type(value).__name__}, not true or false")
     return value
 
 
-_MAX_VALUES = 1_000_000  # the values an answer holds, its containers' and its leaves' (an honest one: a few dozen)
-
-# The opcodes pickle.dumps writes at protocols 4 and 5 (both ends' senders) for the values an answer is made of, by
-# the bytes of argument each takes: a fixed count, or a length of that many bytes and then as many bytes as it says.
-# Nothing else is read: not the memo opcodes that name their slot (the unpickler grows its memo to twice the slot a
-# PUT names, so seven bytes could take gigabytes; pickle.dumps memoizes with MEMOIZE alone), not the protocol 0 to 3
-# forms, not out-of-band buffers, extension codes nor recursion's POPs.
-_FIXED_ARGUMENT = {opcode: 0 for opcode in b"N\x88\x89)\x85\x86\x87(t]ae}su\x8f\x90\x91\x94\x93\x81\x92b."}
-_FIXED_ARGUMENT |= {ord("J"): 4, ord("K"): 1, ord("M"): 2, ord("G"): 8, ord("h"): 1, ord("j"): 4, 0x80: 1, 0x95: 8}
-_SIZED_ARGUMENT = {0x8A: "<B", 0x8B: "<I", 0x8C: "<B", ord("X"): "<I", 0x8D: "<Q", ord("C"): "<B", ord("B"): "<I"}
-_SIZED_ARGUMENT |= {0x8E: "<Q", 0x96: "<Q"}
-_STOP = ord(".")
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"a {type(value).__name__}, not text")
+    return value
 
 
-def _counted(frame: memoryview) -> int:
-    """Refuse, before it is built, a frame with an opcode an honest answer never has, or with more opcodes than an
-    answer may hold values (an opcode of one byte can build a set of 216 bytes). The frame is walked as the
-    unpickler reads it, each argument skipped by its size: an honest answer is a few dozen opcodes, a large one a
-    few large strings. pickletools.genops does the same walk with every argument decoded, three times as long
-    (benchmarks/README.md)."""
-    data, at, count = frame.tobytes(), 0, 0
-    end, unpack_from = len(data), struct.unpack_from
-    while at < end:
-        opcode = data[at]
-        at += 1
-        count += 1
-        skipped = _FIXED_ARGUMENT.get(opcode)
-        if skipped is None:
-            size = _SIZED_ARGUMENT.get(opcode)
-            if size is None:
-                raise pickle.UnpicklingError(f"an answer with the opcode {bytes([opcode])!r}, which no answer has")
-            (skipped,) = unpack_from(size, data, at)
-            skipped += struct.calcsize(size)
-        at += skipped
-        if count > _MAX_VALUES:
-            raise pickle.UnpicklingError(f"an answer of more than {_MAX_VALUES} values")
-        if opcode == _STOP:
-            break
-    return count
+def _index(key: str) -> int:
+    """An extension criterion's index, a JSON object's key: a few ASCII digits (an int's hash is itself, so keys
+    of any size could all be made to collide, and every insert would take as long as the dict is large)."""
+    if not (key.isascii() and key.isdigit() and len(key) <= 9):
+        raise ValueError("an extension score's index that is not one")
+    return int(key)
 
 
-_LEAVES = (str, bytes, int, float, bool, type(None))
+def _names(value: Any) -> set[str]:
+    if not (isinstance(value, list) and all(isinstance(name, str) for name in value)):
+        raise ValueError("not a list of names")
+    return set(value)
 
 
-def _bounded(value: Any) -> None:
-    """Refuse an answer that, walked as a tree (as ``repr`` and ``json.dumps`` walk it), holds more than
-    ``_MAX_VALUES`` values or more text than a frame: a pickle's memo lets a few hundred bytes stand for 2**60
-    leaves, or a cycle for endless ones, which would hold every session up."""
-    stack, count, text = [value], 0, 0
-    while stack:
-        item = stack.pop()
-        count += 1
-        if count > _MAX_VALUES:
-            raise pickle.UnpicklingError(f"an answer of more than {_MAX_VALUES} values")
-        if isinstance(item, _LEAVES):
-            text += len(item) if isinstance(item, str | bytes) else 0
-            if text > _MAX_FRAME:
-                raise pickle.UnpicklingError(f"an answer of more than {_MAX_FRAME} characters")
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple | set | frozenset):
-            stack.extend(item)
-        elif isinstance(item, ToolResult):
-            stack.append(dict(item.__dict__))
-            stack.extend((item.__pydantic_extra__, item.__pydantic_fields_set__, item.__pydantic_private__))
-        else:  # a slots dataclass (Catalog, Observation): its fields
-            stack.extend(getattr(item, name, None) for name in item.__slots__)
+def _tools(value: Any) -> list[dict[str, Any]]:
+    if not (isinstance(value, list) and all(isinstance(tool, dict) for tool in value)):
+        raise ValueError("not a list of tools")
+    return value
+
+
+def _catalog(value: Any) -> Catalog:
+    if not isinstance(value, dict) or set(value) != {"name", "tools", "hidden", "card"}:
+        raise ValueError("not a catalog")
+    if not isinstance(value["card"], dict):
+        raise ValueError("a catalog whose card is not an object")
+    return Catalog(
+        _text(value["name"]), tuple(_tools(value["tools"])), frozenset(_names(value["hidden"])), value["card"]
+    )
+
+
+def _described(value: Any) -> tuple[Catalog, bool]:
+    if not (isinstance(value, list) and len(value) == 2):
+        raise ValueError("not a catalog and a flag")
+    return _catalog(value[0]), _flag(value[1])
+
+
+def _observation(value: Any) -> Observation:
+    if not isinstance(value, dict) or set(value) != {"state", "scores", "environment"}:
+        raise ValueError("not an observation")
+    scores, environment = value["scores"], value["environment"]
+    if not isinstance(scores, dict):
+        raise ValueError("extension scores that are not an object")
+    if environment is not None and not (isinstance(environment, list) and len(environment) == 2):
+        raise ValueError("an environment's reward that is not a number and its account")
+    return Observation(
+        state=value["state"],
+        extension_scores={_index(index): score for index, score in scores.items()},  # (what they are: answering's)
+        environment=tuple(environment) if environment is not None else None,  # type: ignore[arg-type]
+    )
+
+
+_ANSWERS: dict[str, Callable[[Any], Any]] = {
+    "call_tool": ToolResult.model_validate,
+    "ready": _flag,
+    "describe": _described,
+    "hidden_tools": _names,
+    "clear": _nothing,
+    "state": _data,
+    "begin": _nothing,
+    "observe": _observation,
+    "open": _text,
+    "list_tools": _tools,
+    "close": _nothing,
+}
 
 
 class _Framed(asyncio.Protocol):
-    """Length-prefixed pickles on a stream, each handed to ``on_message``; ``on_lost`` once, when it ends."""
+    """Length-prefixed messages on a stream, each handed to ``on_message``; ``on_lost`` once, when it ends."""
 
     def __init__(
         self,
         on_message: Callable[[Any], None],
         on_lost: Callable[[BaseException | None], None],
-        loads: Callable[[memoryview], Any] | None = None,
+        *,
+        loads: Callable[[memoryview], Any],
+        dumps: Callable[[Any], bytes],
+        max_frame: int,
     ) -> None:
-        """``loads``: how a frame is read (the server reads an instance's with ``_from_instance``)."""
-        self._loads = loads if loads is not None else pickle.loads
+        """``loads`` and ``dumps``: how a frame is read and written (the server writes pickles and reads JSON,
+        ``_from_instance``; an instance the other way round); ``max_frame``: past this size, the peer is broken."""
+        self._loads = loads
+        self._dumps = dumps
+        self._max_frame = max_frame
         self._on_message = on_message
         self._on_lost: Callable[[BaseException | None], None] | None = on_lost
         self._buffer = bytearray()
@@ -196,8 +243,8 @@ class _Framed(asyncio.Protocol):
         buffer += data
         while len(buffer) >= _HEADER.size:
             (size,) = _HEADER.unpack_from(buffer)
-            if size > _MAX_FRAME:
-                self._broken(MalformedReplyError(f"a frame of {size} bytes, past the limit of {_MAX_FRAME}"))
+            if size > self._max_frame:
+                self._broken(MalformedReplyError(f"a frame of {size} bytes, past the limit of {self._max_frame}"))
                 return
             end = _HEADER.size + size
             if len(buffer) < end:
@@ -209,6 +256,8 @@ class _Framed(asyncio.Protocol):
                 return
             del buffer[:end]
             self._on_message(message)
+            if self._on_lost is None:  # broken by what it said
+                return
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lose(exc)
@@ -222,7 +271,7 @@ class _Framed(asyncio.Protocol):
     def send(self, message: Any) -> None:
         if self.transport is None or self.transport.is_closing():
             raise EnvDroppedError("the instance's channel is closed")
-        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        payload = self._dumps(message)
         self.transport.write(_HEADER.pack(len(payload)) + payload)
 
     def _broken(self, error: BaseException) -> None:
@@ -260,7 +309,7 @@ class ChannelClient:
         self._copies = copies
         self._protocol: _Framed | None = None
         self._connecting: asyncio.Lock | None = None
-        self._pending: dict[int, asyncio.Future[Any]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Any], str]] = {}  # by request id: the answer, the operation
         self._ids = itertools.count(1)
         self._sessions = itertools.count(1)
         self.ended_by: InstanceLimitError | None = None  # the limit the instance said it reached, as it ended
@@ -327,7 +376,7 @@ class ChannelClient:
         protocol = await self._connected()
         request_id = next(self._ids)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[request_id] = future
+        self._pending[request_id] = (future, operation)
         wait = timeout or self.data_timeout
         try:
             protocol.send((request_id, operation, arguments))
@@ -362,25 +411,49 @@ class ChannelClient:
             return self._protocol
 
     def _framed(self) -> _Framed:
-        protocol = _Framed(self._answered, lambda error: self._lost(protocol, error), _from_instance)
+        protocol = _Framed(
+            lambda message: self._answered(protocol, message),
+            lambda error: self._lost(protocol, error),
+            loads=self._read,
+            dumps=_to_instance,
+            max_frame=_MAX_ANSWER,
+        )
         return protocol
 
-    def _answered(self, message: Any) -> None:
+    def _read(self, frame: memoryview) -> Any:
+        """An answer to a call in flight, or a notice, read as data (``_from_instance``). Any other is skipped
+        unread (an answer that came after its call timed out): parsing it would cost the server for nothing, as
+        often as the instance cared to write one."""
+        found = _ANSWER_ID.match(frame)
+        if found is None:
+            raise ValueError("not an answer: [id, ok, value]")
+        request_id = int(found[1])
+        if request_id != _NOTICE and request_id not in self._pending:
+            return _UNASKED
+        return _from_instance(frame)
+
+    def _answered(self, protocol: _Framed, message: Any) -> None:
+        if message is _UNASKED:
+            return
         try:
             request_id, ok, value = message
         except (TypeError, ValueError):
-            self._lost(None, MalformedReplyError(f"{self.base_url}: an answer that is not (id, ok, value)"))
+            protocol._broken(MalformedReplyError(f"{self.base_url}: an answer that is not (id, ok, value)"))
             return
         if request_id == _NOTICE:
             self._noticed(value)
             return
-        future = self._pending.get(request_id)
-        if future is None or future.done():
+        pending = self._pending.get(request_id) if isinstance(request_id, int) else None
+        if pending is None or pending[0].done():
             return  # timed out meanwhile
-        if ok:
-            future.set_result(value)
-        else:
+        future, operation = pending
+        if ok is not True:
             future.set_exception(_error_from(self.base_url, value))
+            return
+        try:
+            future.set_result(_ANSWERS[operation](value))
+        except (TypeError, ValueError, KeyError) as error:
+            future.set_exception(MalformedReplyError(f"{self.base_url}: {operation} answered {error}"))
 
     def _noticed(self, value: Any) -> None:
         """What the instance said unasked: that it reached a limit, and ends; anything else is not the protocol."""
@@ -404,7 +477,7 @@ class ChannelClient:
 
     def _fail_pending(self, error: BaseException) -> None:
         pending, self._pending = self._pending, {}
-        for future in pending.values():
+        for future, _ in pending.values():
             if not future.done():
                 future.set_exception(error)
 
@@ -453,7 +526,8 @@ def _error_from(base_url: str, value: Any) -> BaseException:
     try:
         name, message, kind = value
     except (TypeError, ValueError):
-        return MalformedReplyError(f"{base_url}: an error answer that is not one: {value!r}")
+        return MalformedReplyError(f"{base_url}: an error answer that is not one: a {type(value).__name__}")
+    message = str(message)[:_MAX_SAID]
     cls = getattr(_errors, str(name), None)
     if not (isinstance(cls, type) and issubclass(cls, GymhostError)):
         return MalformedReplyError(f"{base_url}: the instance raised {message}")
@@ -482,7 +556,7 @@ class _Served:
         self.reset = reset
         self.sessions: dict[int, Any] = {}
         self.tasks: set[asyncio.Task[None]] = set()
-        self.protocol = _Framed(self._received, self._lost)
+        self.protocol = _Framed(self._received, self._lost, loads=_from_server, dumps=_to_server, max_frame=_MAX_FRAME)
         _SERVED.add(self.protocol)
 
     def _received(self, message: Any) -> None:
@@ -506,7 +580,10 @@ class _Served:
         except Exception as error:  # the environment's own: over HTTP, a 500
             answer = (request_id, False, (None, f"{type(error).__name__}: {error}", None))
         with contextlib.suppress(EnvDroppedError):
-            self.protocol.send(answer)
+            try:
+                self.protocol.send(answer)
+            except (TypeError, ValueError, RecursionError) as error:  # not JSON (bytes in a state, say), too large
+                self.protocol.send((request_id, False, (None, f"an answer that is not JSON: {error}", None)))
 
     async def _run(self, operation: str, arguments: tuple[Any, ...]) -> Any:
         client = self.client
@@ -563,7 +640,7 @@ def end_for_limit(reached: Reached) -> NoReturn:
     nothing of the event loop's is waiting to be sent (a frame half sent would garble it)."""
     try:
         said = (InstanceLimitError.__name__, reached.message, reached.failure_kind)
-        payload = pickle.dumps((_NOTICE, False, said))
+        payload = _to_server((_NOTICE, False, said))
         frame = _HEADER.pack(len(payload)) + payload
         for protocol in list(_SERVED):
             transport = protocol.transport

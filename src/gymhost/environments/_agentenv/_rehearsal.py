@@ -25,6 +25,7 @@ from typing import Any, cast
 
 from agentenv_protocol import AgentEnvEnvironment, DataPart, add_data, environment_card, get_data, reset_data, tool
 
+from ._channel import _to_server
 from ._launchers import NO_NETWORK_TIMEOUT_S, InProcessClient, construct, host_in_process, stop_in_process
 
 __all__ = ["rehearse"]
@@ -76,7 +77,8 @@ async def _play() -> None:
             tools = await session.list_tools()  # named by the card, which ENVIRONMENT_NAME may rename
             answer = await session.call_tool(tools[0]["name"], {"text": "rehearsal"})
             await session.close()
-            await client.state()
+            answered = [(1, True, value) for value in (answer, (catalog, True), tools, await client.state())]
+            _to_server(answered)  # as an instance writes its answers to the server
         finally:
             await stop_in_process(instance)
     if answer.isError:
