@@ -416,6 +416,32 @@ pickle.loads, json.dumps = _reading, _forging  # what the server sends, what the
 )
 
 
+# A tool that lists a file whose name is not UTF-8, as os.listdir gives it: a lone surrogate in its text.
+LISTING_ENV = COUNTER_ENV.replace(
+    '    @tool(name="stall")',
+    '''    @tool(name="list_files")
+    async def list_files(self) -> str:
+        """The files here."""
+        return "caf\\udce9.txt"
+
+    @tool(name="stall")''',
+)
+
+
+@pytest.mark.parametrize("mode", ["process", "in_process"])
+async def test_a_tool_reply_text_utf8_cannot_carry_reaches_the_model_escaped(tmp_path: Path, mode: str) -> None:
+    """A lone surrogate in a tool's text (a file name os.listdir could not decode) made the reply's encoding fail:
+    a 500 in place of the tool's answer. It reaches the model as its escape."""
+    bundle = make_bundle(tmp_path)
+    (bundle / "env.py").write_text(LISTING_ENV.replace("{TOOL}", "increment"))
+    folder = (await awrite_folder(str(bundle), tmp_path / "root", mode=mode)).path
+    async with served(folder) as transport:
+        episode = EpisodeClient(BASE, transport=transport)
+        await episode.seed(rows(folder)[0])
+        listed = await episode.call_tool("list_files")
+        assert (listed.status_code, listed.text) == (200, "caf\\udce9.txt"), listed.text
+
+
 async def test_hosted_code_never_sees_its_tasks_answers_nor_grades_its_episode(tmp_path: Path) -> None:
     """A process instance is sent its task's seed and what grading reads of it (its state), never the criteria's
     expected values nor the solution; the server grades. Hosted code that reads and rewrites every message between

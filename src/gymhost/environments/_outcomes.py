@@ -109,9 +109,15 @@ def breaks_instance(failure: Failure | None) -> bool:
     return failure is not None and failure.kind in _BREAKS_INSTANCE
 
 
+def sendable(text: str) -> str:
+    """``text`` as UTF-8 can carry it to a client: a lone surrogate (a file name ``os.listdir`` could not decode, or
+    hosted code's) as its escape, where it made the answer's encoding fail, a 500 in place of the tool's reply."""
+    return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def classify(error: BaseException, *, stage: str) -> Failure:
     """Name an infrastructure failure in nemo-gym's vocabulary; ``stage`` says what was being done."""
-    reason = f"{stage}: {error}"
+    reason = sendable(f"{stage}: {error}")
     if isinstance(error, PoolExhaustedError | EnvAtCapacityError):
         return Failure(NO_INSTANCE, reason)
     if isinstance(error, TimeoutError | httpx.TimeoutException | EnvTimeoutError):

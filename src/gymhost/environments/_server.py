@@ -33,7 +33,7 @@ from ..middleware.masked_verdicts import VERDICT_FIELDS, MaskedVerdictsMiddlewar
 from ._backend import ServerFolder, resolve_in
 from ._episodes import Episodes
 from ._errors import CatalogError, EpisodeStateError, SessionConflictError, UnknownTaskError
-from ._outcomes import Verdict
+from ._outcomes import Verdict, sendable
 from ._pool import Pool
 from ._registry import backend_of
 from ._settings import DEFAULT_TASKS, EpisodeFields, EpisodeSettings, PoolFields, PoolSettings, SourceConfig
@@ -352,7 +352,7 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
             reply = await self._running().call_tool(request.session[SESSION_ID_KEY], name, arguments)
             if reply.refused:
                 return _error(reply.status, reply.text)
-            return PlainTextResponse(reply.text, status_code=reply.status)
+            return PlainTextResponse(sendable(reply.text), status_code=reply.status)
 
         call_tool.__name__ = f"tool_{name}"
         return call_tool
@@ -383,7 +383,7 @@ class _ToolRoute(APIRoute):
 
 def _error(status: int, detail: str) -> Response:
     """gymhost's own refusals, shaped like FastAPI's errors, so a client reads every error the same way."""
-    return JSONResponse({"detail": detail}, status_code=status)
+    return JSONResponse({"detail": sendable(detail)}, status_code=status)
 
 
 def _no_constant(name: str) -> Any:
@@ -422,5 +422,7 @@ def _verify_response(body: VerifyRequest, verdict: Verdict) -> VerifyResponse:
         mask_sample=verdict.failure is not None,
         failure_kind=verdict.failure.kind if verdict.failure else None,
         failure_reason=verdict.failure.reason if verdict.failure else None,
-        criteria=[CriterionScore(id=c.id, kind=c.kind, score=c.score, detail=c.detail) for c in verdict.criteria],
+        criteria=[
+            CriterionScore(id=c.id, kind=c.kind, score=c.score, detail=sendable(c.detail)) for c in verdict.criteria
+        ],
     )
