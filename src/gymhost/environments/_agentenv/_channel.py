@@ -73,7 +73,10 @@ _MAX_FRAME = 256 * 1024 * 1024  # what the server sends an instance (a task's se
 # times its size in memory (one-character strings) and take half a second to parse at this size, so less than the
 # server's own. An instance's larger answer is answered as an error there.
 _MAX_ANSWER = 16 * 1024 * 1024
-_MAX_CONTAINERS = 1_000_000  # the arrays and objects an answer holds (an honest one: a few dozen)
+# The arrays and objects an answer holds (an honest one: a few dozen; a tool's text holding a JSON table, counted too,
+# many): 64 bytes each at most, about what a frame of _MAX_ANSWER builds of strings.
+_MAX_CONTAINERS = 4_000_000
+_MAX_NOTICE = 64 * 1024  # what an instance says unasked: gymhost's own few hundred bytes
 _MAX_SAID = 4000  # the characters of an instance's error message kept (it becomes a failure_reason, a log line)
 _ANSWER_ID = re.compile(rb"\[(\d{1,18}),")  # how an instance's answer begins: ``[id,``
 _UNASKED = object()  # an answer nobody waits for, skipped unread
@@ -96,7 +99,10 @@ def _from_server(frame: memoryview) -> Any:
 def _to_server(message: Any) -> bytes:
     """An instance's message to the server, as JSON: tool results, catalogs and observations as their fields, sets
     as sorted lists, a dict's int keys as text (``_ANSWERS`` reads each back as the operation's answer)."""
-    payload = json.dumps(message, default=_plain, separators=(",", ":")).encode()
+    # (UTF-8 as is: escaped, a CJK character took 6 bytes of the limit; a lone surrogate as its bytes, as json reads)
+    payload = json.dumps(message, default=_plain, separators=(",", ":"), ensure_ascii=False).encode(
+        "utf-8", "surrogatepass"
+    )
     if len(payload) > _MAX_ANSWER:
         raise ValueError(f"an answer of {len(payload)} bytes, past the limit of {_MAX_ANSWER}")
     return payload
@@ -428,6 +434,8 @@ class ChannelClient:
         if found is None:
             raise ValueError("not an answer: [id, ok, value]")
         request_id = int(found[1])
+        if request_id == _NOTICE and len(frame) > _MAX_NOTICE:
+            raise ValueError(f"a notice of more than {_MAX_NOTICE} bytes")
         if request_id != _NOTICE and request_id not in self._pending:
             return _UNASKED
         return _from_instance(frame)
@@ -440,8 +448,8 @@ class ChannelClient:
         except (TypeError, ValueError):
             protocol._broken(MalformedReplyError(f"{self.base_url}: an answer that is not (id, ok, value)"))
             return
-        if request_id == _NOTICE:
-            self._noticed(value)
+        if request_id == _NOTICE:  # the instance's last word on this connection
+            protocol._broken(self._noticed(value))
             return
         pending = self._pending.get(request_id) if isinstance(request_id, int) else None
         if pending is None or pending[0].done():
@@ -455,7 +463,7 @@ class ChannelClient:
         except (TypeError, ValueError, KeyError) as error:
             future.set_exception(MalformedReplyError(f"{self.base_url}: {operation} answered {error}"))
 
-    def _noticed(self, value: Any) -> None:
+    def _noticed(self, value: Any) -> BaseException:
         """What the instance said unasked: that it reached a limit, and ends; anything else is not the protocol."""
         error = _error_from(self.base_url, value)
         if not isinstance(error, InstanceLimitError):
@@ -463,6 +471,7 @@ class ChannelClient:
         else:
             self.ended_by = error
         self._fail_pending(error)
+        return error
 
     def _lost(self, protocol: _Framed | None, error: BaseException | None) -> None:
         if protocol is not None and protocol is not self._protocol:
@@ -582,8 +591,9 @@ class _Served:
         with contextlib.suppress(EnvDroppedError):
             try:
                 self.protocol.send(answer)
-            except (TypeError, ValueError, RecursionError) as error:  # not JSON (bytes in a state, say), too large
-                self.protocol.send((request_id, False, (None, f"an answer that is not JSON: {error}", None)))
+            except Exception as error:  # not JSON (bytes in a state, say), or past _MAX_ANSWER
+                said = f"an answer it could not send: {type(error).__name__}: {error}"
+                self.protocol.send((request_id, False, (None, said, None)))
 
     async def _run(self, operation: str, arguments: tuple[Any, ...]) -> Any:
         client = self.client
