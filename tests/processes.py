@@ -200,6 +200,11 @@ def alive(pid: int) -> bool:
         return False
 
 
+def reaped(pid: int) -> bool:
+    """Gone for good: not even a zombie left for its parent (``alive`` is already false for a zombie)."""
+    return not os.path.exists(f"/proc/{pid}")
+
+
 def children(pid: int) -> list[int]:
     """Every process whose parent is ``pid``, zombies included (an unreaped child is a leak too)."""
     found = []
