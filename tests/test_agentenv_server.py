@@ -442,6 +442,27 @@ async def test_a_tool_reply_text_utf8_cannot_carry_reaches_the_model_escaped(tmp
         assert (listed.status_code, listed.text) == (200, "caf\\udce9.txt"), listed.text
 
 
+# A state JSON cannot carry as it is: NaN, and a file name os.listdir could not decode.
+ODD_STATE_ENV = COUNTER_ENV.replace(
+    'return [DataPart(data={"count": self.count})]',
+    'return [DataPart(data={"count": self.count, "ratio": float("nan"), "file": "caf\\udce9.txt"})]',
+)
+
+
+@pytest.mark.parametrize("mode", ["process", "in_process"])
+async def test_the_pool_view_shows_a_state_json_cannot_carry(tmp_path: Path, mode: str) -> None:
+    """``/agentenv/pool/{index}`` shows an instance's state, hosted code's: one holding NaN or a lone surrogate was a
+    500. NaN shows as null (as pydantic writes it), the surrogate as its JSON escape."""
+    bundle = make_bundle(tmp_path)
+    (bundle / "env.py").write_text(ODD_STATE_ENV.replace("{TOOL}", "increment"))
+    folder = (await awrite_folder(str(bundle), tmp_path / "root", mode=mode)).path
+    async with served(folder) as transport, httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+        index = (await pool_status(BASE, transport))["instances"][0]["index"]
+        shown = await client.get(f"/agentenv/pool/{index}")
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["data"] == {"count": 0, "ratio": None, "file": "caf\udce9.txt"}, shown.text
+
+
 async def test_hosted_code_never_sees_its_tasks_answers_nor_grades_its_episode(tmp_path: Path) -> None:
     """A process instance is sent its task's seed and what grading reads of it (its state), never the criteria's
     expected values nor the solution; the server grades. Hosted code that reads and rewrites every message between

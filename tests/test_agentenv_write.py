@@ -145,6 +145,25 @@ def test_a_tool_named_like_a_gym_route_is_refused(tmp_path: Path) -> None:
         write_folder(str(bundle), tmp_path / "root")
 
 
+def test_a_tool_whose_schema_json_cannot_carry_is_refused(tmp_path: Path) -> None:
+    """A NaN default in a tool's input schema: it would reach every row's ``tools`` as ``NaN`` (not JSON) and make
+    the server's OpenAPI document a 500."""
+    bundle = make_bundle(tmp_path)
+    env = bundle / "env.py"
+    env.write_text(env.read_text().replace("by: int = 1", 'by: float = float("nan")'))
+    with pytest.raises(CatalogError, match=r"tool 'increment': its description or input schema is not JSON a client"):
+        write_folder(str(bundle), tmp_path / "root")
+
+
+def test_a_card_past_its_bound_is_refused(tmp_path: Path) -> None:
+    """The card is hosted code's; the server keeps it and copies from it: a few kilobytes honestly, at most 1 MiB."""
+    bundle = make_bundle(tmp_path)
+    env = bundle / "env.py"
+    env.write_text(env.read_text().replace('@tool(name="stall")', '@tool(name="stall", description="x" * 2_000_000)'))
+    with pytest.raises(CatalogError, match=r"environment 'counter': its card is 2,\d\d\d,\d\d\d characters of JSON"):
+        write_folder(str(bundle), tmp_path / "root")
+
+
 def test_a_malformed_task_names_file_line_and_field(tmp_path: Path) -> None:
     bundle = make_bundle(
         tmp_path, tasks=[COUNTER_TASK, {**COUNTER_TASK, "id": "two", "grading": {"criteria": [{"kind": "state"}]}}]

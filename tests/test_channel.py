@@ -28,7 +28,8 @@ from gymhost.environments._errors import (
     EnvUnavailableError,
     MalformedReplyError,
 )
-from gymhost.environments._grading import Observation
+from gymhost.environments._grading import Asked, Observation
+from gymhost.environments._tasks import ExtensionCriterion
 
 pytestmark = [pytest.mark.unit, pytest.mark.anyio]
 
@@ -190,6 +191,28 @@ def test_every_answer_an_instance_sends_reads_back_as_it_was() -> None:
     for index in (str(2**61 - 1), " 2", "1_0", "\u0663", "-1"):
         with pytest.raises(ValueError, match="an extension score's index that is not one"):
             _ANSWERS["observe"]({"state": None, "scores": {index: 1.0}, "environment": None})
+
+
+async def test_a_verify_sends_the_instance_only_the_card_entries_its_grading_calls(tmp_path: Path) -> None:
+    """The card is hosted code's, of any size the describe allows: a verify copies to the instance the entries of
+    the extensions its criteria call, and nothing of it for a task graded by state alone."""
+    grade = {"uri": "urn:x:grade/v1", "params": {"methods": {"grade": {"endpoint": "/grade", "method": "POST"}}}}
+    other = {"uri": "urn:x:other/v1", "padding": "x" * 100_000}
+    catalog = Catalog("x", card={"capabilities": {"extensions": [other, grade], "tools": [{"name": "move"}]}})
+    by_extension = Asked(state=True, extensions={0: ExtensionCriterion(kind="extension", uri=grade["uri"])}, tools=None)
+    by_state = Asked(state=True, extensions={}, tools=None)
+    sent: list[Catalog] = []
+
+    async def answer(request: Any, writer: asyncio.StreamWriter) -> None:
+        sent.append(request[2][0])
+        writer.write(frame((request[0], True, {"state": None, "scores": {}, "environment": None})))
+
+    async with peer(tmp_path / "0.sock", answer):
+        channel = client(tmp_path / "0.sock")
+        await channel.observe(catalog, by_extension, "")
+        await channel.observe(catalog, by_state, "")
+        await channel.aclose()
+    assert [dict(catalog.card) for catalog in sent] == [{"capabilities": {"extensions": [grade]}}, {}]
 
 
 async def test_answers_nobody_asked_are_skipped_unread_and_a_message_not_an_answer_breaks_its_connection(

@@ -9,6 +9,7 @@ backend's ``check_task``.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -26,6 +27,8 @@ __all__ = [
     "server_tools",
     "task_tools",
 ]
+
+_MAX_CARD = 1 << 20  # an honest card, its tools' schemas included, is a few kilobytes
 
 # What OpenAI-style function names allow, which is also safe as one URL path segment.
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -56,7 +59,9 @@ def server_tools(catalog: Catalog, tasks: Iterable[Task]) -> list[dict[str, Any]
 
 
 def _routable(catalog: Catalog, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``tools``, each checked to be a valid Gym route name that Gym does not claim."""
+    """``tools``, each checked to be a valid Gym route name that Gym does not claim, and to be JSON a client can
+    read: the server's OpenAPI document and a dataset row's ``tools`` carry them."""
+    _sized(catalog)
     for tool in tools:
         name = str(tool.get("name"))
         if not _TOOL_NAME.match(name):
@@ -68,7 +73,27 @@ def _routable(catalog: Catalog, tools: list[dict[str, Any]]) -> list[dict[str, A
             raise CatalogError(
                 f"environment {catalog.name!r}: tool {name!r} clashes with Gym's own /{name} route; rename the tool"
             )
+        try:
+            json.dumps(tool, allow_nan=False).encode()
+        except (TypeError, ValueError, RecursionError) as error:  # NaN, a lone surrogate, bytes, nesting
+            raise CatalogError(
+                f"environment {catalog.name!r}: tool {name!r}: its description or input schema is not JSON a "
+                f"client can read ({type(error).__name__}: {error})"
+            ) from None
     return tools
+
+
+def _sized(catalog: Catalog) -> None:
+    """An environment's card (hosted code's) is at most ``_MAX_CARD`` as JSON: the server keeps it, copies what
+    grading reads of it to instances, and writes its tools into every dataset row."""
+    try:
+        size = len(json.dumps(catalog.card, default=repr))
+    except (ValueError, RecursionError) as error:
+        raise CatalogError(f"environment {catalog.name!r}: its card is not JSON: {error}") from None
+    if size > _MAX_CARD:
+        raise CatalogError(
+            f"environment {catalog.name!r}: its card is {size:,} characters of JSON; at most {_MAX_CARD:,}"
+        )
 
 
 def responses_tool(tool: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,9 @@ an error means; ``breaks_instance`` says whether it leaves the instance unfit fo
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -113,6 +115,16 @@ def sendable(text: str) -> str:
     """``text`` as UTF-8 can carry it to a client: a lone surrogate (a file name ``os.listdir`` could not decode, or
     hosted code's) as its escape, where it made the answer's encoding fail, a 500 in place of the tool's reply."""
     return text if text.isascii() else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def sendable_json(value: Any) -> bytes:
+    """``value`` as JSON a client can read, whatever hosted code put in it: a lone surrogate as its ``\\u`` escape,
+    NaN and the infinities as null (as pydantic writes them), where Starlette's and FastAPI's encoders raise, a 500 in
+    place of the answer. ``value`` came from JSON or from gymhost: only JSON's types."""
+    written = json.dumps(value, ensure_ascii=True)  # NaN, Infinity and -Infinity as JavaScript's names
+    if "NaN" in written or "Infinity" in written:  # somewhere: in a string, or as a number
+        written = json.dumps(json.loads(written, parse_constant=lambda _: None), ensure_ascii=True, allow_nan=False)
+    return written.encode("ascii")
 
 
 def classify(error: BaseException, *, stage: str) -> Failure:

@@ -33,7 +33,7 @@ from ..middleware.masked_verdicts import VERDICT_FIELDS, MaskedVerdictsMiddlewar
 from ._backend import ServerFolder, resolve_in
 from ._episodes import Episodes
 from ._errors import CatalogError, EpisodeStateError, SessionConflictError, UnknownTaskError
-from ._outcomes import Verdict, sendable
+from ._outcomes import Verdict, sendable, sendable_json
 from ._pool import Pool
 from ._registry import backend_of
 from ._settings import DEFAULT_TASKS, EpisodeFields, EpisodeSettings, PoolFields, PoolSettings, SourceConfig
@@ -252,11 +252,11 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
     async def pool_status(self) -> dict[str, Any]:
         return self._running().status()
 
-    async def instance_status(self, index: int) -> dict[str, Any]:
+    async def instance_status(self, index: int) -> Response:
         answer = await self._running().pool.instance_status(index)
         if answer is None:
             raise HTTPException(404, f"no instance {index}")
-        return answer
+        return Response(sendable_json(answer), media_type="application/json")  # its state is hosted code's
 
     # -- what gymhost's operating layer asks (``_hosting._operating.EpisodeSource``) -----------------------------------
 

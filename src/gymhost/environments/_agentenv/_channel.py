@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, cast
 
 from agentenv_protocol import ToolResult
+from agentenv_protocol.client import find_extension
 
 from ..._confinement import Reached
 from ..._exceptions import GymhostError
@@ -171,6 +172,17 @@ def _tools(value: Any) -> list[dict[str, Any]]:
     if not (isinstance(value, list) and all(isinstance(tool, dict) for tool in value)):
         raise ValueError("not a list of tools")
     return value
+
+
+def _read_by(asked: Asked, catalog: Catalog) -> Catalog:
+    """What of ``catalog`` an observation reads (``_grader.observe``): the card's entries for the extensions its
+    criteria call, none for a task graded by state alone. Not the whole card at every verify: hosted code writes
+    the card, and its size would be the server's to copy each time."""
+    if not asked.extensions:
+        return _ANY_CATALOG
+    card = dict(catalog.card)
+    called = (find_extension(card, uri) for uri in {criterion.uri for criterion in asked.extensions.values()})
+    return Catalog(catalog.name, card={"capabilities": {"extensions": [entry for entry in called if entry]}})
 
 
 def _catalog(value: Any) -> Catalog:
@@ -341,7 +353,7 @@ class ChannelClient:
         return catalog
 
     async def hidden_tools(self, catalog: Catalog) -> set[str]:
-        hidden: set[str] = await self.call("hidden_tools", catalog)
+        hidden: set[str] = await self.call("hidden_tools", _ANY_CATALOG)  # its sessions are direct: no card read
         return hidden
 
     async def clear(self) -> None:
@@ -357,7 +369,7 @@ class ChannelClient:
         await self.call("begin", seed)  # the seed, never the task: its grading and solution stay in the server
 
     async def observe(self, catalog: Catalog, asked: Asked, final_text: str) -> Observation:
-        observed: Observation = await self.call("observe", catalog, asked, final_text)
+        observed: Observation = await self.call("observe", _read_by(asked, catalog), asked, final_text)
         return observed
 
     def tool_session(self, catalog: Catalog, *, role: str | None, timeout: float) -> ToolSession:
