@@ -11,6 +11,7 @@ aggregates them across worker processes.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -269,9 +270,13 @@ class _SharedMetrics:
                 files = []
                 for index, path in enumerate(sorted(_value_files(below, depth=2))[:_MAX_FILES_A_FOLDER]):
                     copy = _copied(path, os.path.join(copies, f"{number}-{index}"))
-                    if copy is not None and _merged([*ours, copy]) is None:
+                    if copy is None:
+                        continue
+                    if _merged([*ours, copy]) is None:
                         _left_out(path, "it holds no values gymhost can read")
-                    elif copy is not None:
+                    elif (family := _misdeclared(copy)) is not None:
+                        _left_out(path, f"it names {family} otherwise than gymhost declares it")
+                    else:
                         files.append(copy)
                 tried = _merged([*copied, *files])
                 if tried is None:
@@ -298,6 +303,53 @@ def _merged(files: list[str]) -> list[Metric] | None:
     except Exception:
         return None
     return merged
+
+
+def _misdeclared(path: str) -> str | None:
+    """The first of gymhost's own families that the values file at ``path`` names otherwise than gymhost declares
+    it (another type or gauge mode, its file's name says; another help text; a sample name not its), or that a
+    sample of whose is put under another family. The merge takes a family's help and type from the first file that
+    names it and a gauge's mode from the last: such a file would relabel the family, gymhost's own files' too.
+    None if there is none (a family of hosted code's own passes)."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    kind, _, rest = os.path.basename(path).partition("_")
+    if kind == "gauge":
+        kind += "_" + rest.partition("_")[0]
+    try:
+        for key, *_ in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
+            family, sample, _labels, help_text = json.loads(key)
+            declared = _DECLARED.get(family)
+            if declared is not None and ((kind, help_text) != declared[:2] or sample not in declared[2]):
+                return str(family)
+            if _SAMPLE_FAMILIES.get(sample, family) != family:
+                return str(_SAMPLE_FAMILIES[sample])
+    except (ValueError, TypeError):  # merged and rendered already: not reached
+        return "a family"
+    return None
+
+
+def _declarations() -> dict[str, tuple[str, str, frozenset[str]]]:
+    """gymhost's families as a values file names them: name -> (its file's type, as ``counter`` or
+    ``gauge_livesum``; its help text; the sample names its values are written under)."""
+    declared = {}
+    for metric in _OURS:
+        for family in metric.describe():
+            mode = getattr(metric, "_multiprocess_mode", None)  # a gauge's (prometheus_client's name for it)
+            kind = f"gauge_{mode}" if family.type == "gauge" else family.type
+            declared[family.name] = (kind, family.documentation, frozenset(_sample_names(family)))
+    return declared
+
+
+def _sample_names(family: Metric) -> tuple[str, ...]:
+    """The names a family's samples go by (a counter ``x`` as ``x_total``; a histogram as ``_bucket``, ``_sum``
+    and ``_count``)."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(family.type, ("",))
+    return tuple(family.name + suffix for suffix in suffixes)
+
+
+_DECLARED = _declarations()
+_SAMPLE_FAMILIES = {sample: name for name, (_, _, samples) in _DECLARED.items() for sample in samples}
 
 
 class _Collected:
@@ -380,12 +432,7 @@ def render(mount: str | None = None) -> bytes:
 def exported_names() -> set[str]:
     """The sample names gymhost's own metrics export (a counter ``x`` as ``x_total``; a histogram as ``_bucket``,
     ``_sum`` and ``_count``): what a dashboard may query."""
-    names: set[str] = set()
-    for metric in _OURS:
-        for family in metric.describe():
-            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(family.type, ("",))
-            names.update(family.name + suffix for suffix in suffixes)
-    return names
+    return set(_SAMPLE_FAMILIES)
 
 
 class _OneMount:
