@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from gymhost.environments import CatalogError, SourceError, TaskError, WriteError, write_folder
+from gymhost.environments._backend import Catalog
+from gymhost.environments._catalog import server_tools
 
 from .agentenv_helpers import COUNTER_TASK, GRIDSIM, copy_gridsim, environment_process, make_bundle, rows
 from .conftest import REPO
@@ -153,6 +155,14 @@ def test_a_tool_whose_schema_json_cannot_carry_is_refused(tmp_path: Path) -> Non
     env.write_text(env.read_text().replace("by: int = 1", 'by: float = float("nan")'))
     with pytest.raises(CatalogError, match=r"tool 'increment': its description or input schema is not JSON a client"):
         write_folder(str(bundle), tmp_path / "root")
+
+
+def test_a_tool_whose_text_utf8_cannot_carry_is_refused() -> None:
+    """A lone surrogate in a description (only hosted code that writes its own answers can send one): escaped, it
+    would pass and fail later, in /openapi.json and in every client that sends a row's tools as UTF-8."""
+    tool = {"name": "move", "description": "to caf\udce9", "inputSchema": {}}
+    with pytest.raises(CatalogError, match=r"tool 'move': its description or input schema is not JSON a client"):
+        server_tools(Catalog("counter", tools=(tool,)), [])
 
 
 def test_a_card_past_its_bound_is_refused(tmp_path: Path) -> None:

@@ -240,7 +240,8 @@ def test_a_confined_server_that_fails_to_build_says_why_in_one_record(tmp_path: 
 
 # What the model's code does in a confined runner behind a gateway: looks at who it is and what processes it sees,
 # and writes, where its server keeps its metrics for the gateway to read, files that do not hold values, and files
-# that name gymhost's own families otherwise than gymhost does (another help text, a sample of another type).
+# that would pass for gymhost's own families or relabel them (another help text, a sample of another type, a name
+# the exposition rewrites into one of gymhost's, a label gymhost's family does not have).
 LOOK_AND_FORGE = """\
 import os
 from prometheus_client.mmap_dict import MmapedDict
@@ -250,6 +251,10 @@ forged = {
     "counter_forged-2.db": '["x", "x_total", {"mount": ["/"]}, ""]',
     "counter_forged-3.db": '["gymhost_masked_verdicts_refused", "gymhost_masked_verdicts_refused_total", {}, "forged"]',
     "counter_forged-4.db": '["gymhost_episodes_open", "gymhost_episodes_open_total", {"mount": "/runner"}, ""]',
+    "gauge_all_forged-5.db": '["gymhost.episodes.open", "gymhost.episodes.open", {"mount": "/runner"}, "forged"]',
+    "gauge_livesum_forged-6.db": '["gymhost_handoffs_total", "gymhost_handoffs_total", {"mount": "/runner"}, ""]',
+    "counter_forged-7.db": '["gymhost_sessions_started", "gymhost_sessions_started_total", {"mount": "/runner", '
+    '"forged": "1"}, "Sessions seeded (POST /seed_session answered 2xx), on any server."]',
 }
 for name, key in forged.items():
     values = MmapedDict(os.path.join(folder, name))
@@ -288,7 +293,9 @@ async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in
         after = httpx.get(f"{server.url}/metrics", timeout=STATE_TIMEOUT_S)
         assert after.status_code == 200, after.text
         assert 'gymhost_sessions_started_total{mount="/runner"} 1.0' in after.text, after.text
-        assert "forged" not in after.text and "gymhost_episodes_open_total" not in after.text, after.text
+        assert "forged" not in after.text, after.text
+        assert "gymhost_episodes_open_total" not in after.text, after.text
+        assert after.text.count("# TYPE gymhost_handoffs_total") <= 1, after.text
         uid, processes = map(int, answer.json()["printed"].split())
         assert uid != 0, answer.text
         assert processes <= 4, answer.text  # in the runner's own sandbox
@@ -297,7 +304,7 @@ async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in
     assert any("hosted code confinement: namespaces" in said for said in messages), server.output  # its instances
     assert any(said.startswith("serving runner at ") for said in messages), "the runner's process said it is serving"
     assert sum("it holds no values gymhost can read" in said for said in messages) == 2, server.output
-    assert sum("otherwise than gymhost declares it" in said for said in messages) == 2, server.output
+    assert sum("would pass for, or relabel, one of gymhost's metrics" in said for said in messages) == 5, server.output
     refused = run_to_completion(
         gymhost_command("serve", str(root), "--port", "0", "--sandbox", "strict", "--workers", "2")
     )

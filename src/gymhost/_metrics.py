@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
@@ -275,7 +276,7 @@ class _SharedMetrics:
                     if _merged([*ours, copy]) is None:
                         _left_out(path, "it holds no values gymhost can read")
                     elif (family := _misdeclared(copy)) is not None:
-                        _left_out(path, f"it names {family} otherwise than gymhost declares it")
+                        _left_out(path, f"its {family} would pass for, or relabel, one of gymhost's metrics")
                     else:
                         files.append(copy)
                 tried = _merged([*copied, *files])
@@ -306,11 +307,13 @@ def _merged(files: list[str]) -> list[Metric] | None:
 
 
 def _misdeclared(path: str) -> str | None:
-    """The first of gymhost's own families that the values file at ``path`` names otherwise than gymhost declares
-    it (another type or gauge mode, its file's name says; another help text; a sample name not its), or that a
-    sample of whose is put under another family. The merge takes a family's help and type from the first file that
-    names it and a gauge's mode from the last: such a file would relabel the family, gymhost's own files' too.
-    None if there is none (a family of hosted code's own passes)."""
+    """The first family in the values file at ``path`` that would pass for, or change, one of gymhost's own: one
+    of gymhost's named otherwise than gymhost declares it (another type or gauge mode, its file's name says; another
+    help text; a sample name or label names not its), or any other family or sample under gymhost's prefixes, or
+    under a name the exposition would rewrite (``generate_latest`` escapes what a classic name may not hold, and
+    writes a counter's family with ``_total``: either could render as one of gymhost's). The merge takes a family's
+    help and type from the first file that names it and a gauge's mode from the last, so such a file would relabel
+    the family, gymhost's own files' too. None if there is none: a family of hosted code's own passes."""
     from prometheus_client.mmap_dict import MmapedDict
 
     kind, _, rest = os.path.basename(path).partition("_")
@@ -318,38 +321,44 @@ def _misdeclared(path: str) -> str | None:
         kind += "_" + rest.partition("_")[0]
     try:
         for key, *_ in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
-            family, sample, _labels, help_text = json.loads(key)
+            family, sample, labels, help_text = json.loads(key)
             declared = _DECLARED.get(family)
-            if declared is not None and ((kind, help_text) != declared[:2] or sample not in declared[2]):
+            if declared is None:
+                names = (family, sample, family + "_total")
+                if not all(_CLASSIC_NAME.match(name) and not name.startswith(_OURS_PREFIXES) for name in names):
+                    return str(family)
+            elif (kind, help_text, frozenset(labels)) != (declared.kind, declared.help, declared.samples.get(sample)):
                 return str(family)
-            if _SAMPLE_FAMILIES.get(sample, family) != family:
-                return str(_SAMPLE_FAMILIES[sample])
-    except (ValueError, TypeError):  # merged and rendered already: not reached
+    except (ValueError, TypeError, AttributeError):  # merged and rendered already: a key's parts of other types
         return "a family"
     return None
 
 
-def _declarations() -> dict[str, tuple[str, str, frozenset[str]]]:
-    """gymhost's families as a values file names them: name -> (its file's type, as ``counter`` or
-    ``gauge_livesum``; its help text; the sample names its values are written under)."""
+class _Declared(NamedTuple):
+    """One of gymhost's families as a values file names it: its file's type (``counter``, ``gauge_livesum``...),
+    its help text, and its samples' names, each with the label names its values are written with."""
+
+    kind: str
+    help: str
+    samples: dict[str, frozenset[str]]
+
+
+def _declarations() -> dict[str, _Declared]:
     declared = {}
     for metric in _OURS:
+        labels = frozenset(metric._labelnames)
         for family in metric.describe():
             mode = getattr(metric, "_multiprocess_mode", None)  # a gauge's (prometheus_client's name for it)
             kind = f"gauge_{mode}" if family.type == "gauge" else family.type
-            declared[family.name] = (kind, family.documentation, frozenset(_sample_names(family)))
+            suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(family.type, ("",))
+            samples = {family.name + suffix: labels | ({"le"} if suffix == "_bucket" else set()) for suffix in suffixes}
+            declared[family.name] = _Declared(kind, family.documentation, samples)
     return declared
 
 
-def _sample_names(family: Metric) -> tuple[str, ...]:
-    """The names a family's samples go by (a counter ``x`` as ``x_total``; a histogram as ``_bucket``, ``_sum``
-    and ``_count``)."""
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count")}.get(family.type, ("",))
-    return tuple(family.name + suffix for suffix in suffixes)
-
-
 _DECLARED = _declarations()
-_SAMPLE_FAMILIES = {sample: name for name, (_, _, samples) in _DECLARED.items() for sample in samples}
+_OURS_PREFIXES = ("gymhost_", "http_server_")  # every family of gymhost's begins so
+_CLASSIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")  # what the exposition writes as it is
 
 
 class _Collected:
@@ -432,7 +441,7 @@ def render(mount: str | None = None) -> bytes:
 def exported_names() -> set[str]:
     """The sample names gymhost's own metrics export (a counter ``x`` as ``x_total``; a histogram as ``_bucket``,
     ``_sum`` and ``_count``): what a dashboard may query."""
-    return set(_SAMPLE_FAMILIES)
+    return {sample for declared in _DECLARED.values() for sample in declared.samples}
 
 
 class _OneMount:

@@ -74,7 +74,7 @@ def _routable(catalog: Catalog, tools: list[dict[str, Any]]) -> list[dict[str, A
                 f"environment {catalog.name!r}: tool {name!r} clashes with Gym's own /{name} route; rename the tool"
             )
         try:
-            json.dumps(tool, allow_nan=False).encode()
+            json.dumps(tool, allow_nan=False, ensure_ascii=False).encode()  # escaped, a lone surrogate would pass
         except (TypeError, ValueError, RecursionError) as error:  # NaN, a lone surrogate, bytes, nesting
             raise CatalogError(
                 f"environment {catalog.name!r}: tool {name!r}: its description or input schema is not JSON a "
@@ -87,7 +87,7 @@ def _sized(catalog: Catalog) -> None:
     """An environment's card (hosted code's) is at most ``_MAX_CARD`` as JSON: the server keeps it, copies what
     grading reads of it to instances, and writes its tools into every dataset row."""
     try:
-        size = len(json.dumps(catalog.card, default=repr))
+        size = len(json.dumps(catalog.card, ensure_ascii=False, default=repr))
     except (ValueError, RecursionError) as error:
         raise CatalogError(f"environment {catalog.name!r}: its card is not JSON: {error}") from None
     if size > _MAX_CARD:

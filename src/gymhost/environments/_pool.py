@@ -540,6 +540,6 @@ class Pool:
         answer = instance.status()
         try:
             answer["data"] = await instance.client.state()
-        except GymhostError as error:  # whatever the instance did: the view shows it, it does not fail
-            answer["data"], answer["error"] = None, str(error)
+        except (GymhostError, RecursionError) as error:  # whatever the instance did: the view shows it, not a 500
+            answer["data"], answer["error"] = None, str(error) or type(error).__name__
         return answer

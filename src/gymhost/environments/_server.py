@@ -256,7 +256,11 @@ class WrittenResourcesServer(gym.SimpleResourcesServer):  # type: ignore[misc]
         answer = await self._running().pool.instance_status(index)
         if answer is None:
             raise HTTPException(404, f"no instance {index}")
-        return Response(sendable_json(answer), media_type="application/json")  # its state is hosted code's
+        try:
+            shown = sendable_json(answer)  # its state is hosted code's
+        except RecursionError:  # read where the stack was shallower than here
+            shown = sendable_json({**answer, "data": None, "error": "its state is nested too deeply to show"})
+        return Response(shown, media_type="application/json")
 
     # -- what gymhost's operating layer asks (``_hosting._operating.EpisodeSource``) -----------------------------------
 
