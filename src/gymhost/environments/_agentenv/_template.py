@@ -68,6 +68,7 @@ from .._errors import StartupError
 from ._channel import end_for_limit, listen_at, serve_instance
 from ._construct_once import constructed_once
 from ._forking import CONFINE, CONSTRUCT_EACH, PIDFDS, SERVE, SERVER_PID, SPAWNED, TEMPLATE_READY
+from ._huge_pages import collapse_into_huge_pages
 from ._immortal import immortalize
 from ._launchers import NO_NETWORK_TIMEOUT_S, Constructed, host_in_process, load_environment_class, stop_in_process
 from ._rehearsal import rehearse
@@ -192,7 +193,8 @@ def _commands(fd: int, idle: Callable[[], None] | None) -> Iterator[str]:
 def _settle() -> None:
     """Once the template is idle: the instances' serving path rehearsed (``_rehearsal``), then everything the
     template holds made immortal (``_immortal``), so that each instance forked after it starts warm and copies a
-    third fewer of the template's pages. Not before the pool's first instances, which the server waits for to say
+    third fewer of the template's pages, and its memory made huge pages (``_huge_pages``), so that a fork and an
+    exit handle fewer page-table entries. Not before the pool's first instances, which the server waits for to say
     it is ready: it takes a tenth of a second or two of the template's CPU, and spawns wait meanwhile. Best effort:
     a template that cannot goes on as it was."""
     gc.unfreeze()  # back in the collector's sight (gc.get_objects skips frozen objects), to be found
@@ -207,6 +209,7 @@ def _settle() -> None:
         print(f"gymhost: instance template: its objects were not made immortal: {error!r}", file=sys.stderr)
     finally:
         gc.freeze()
+    collapse_into_huge_pages()  # last: what is written above stays where it is, in pages of any size
 
 
 def _hand_over(pidfds: socket.socket, pid: int, pidfd: int) -> None:
