@@ -209,7 +209,10 @@ def _settle() -> None:
         print(f"gymhost: instance template: its objects were not made immortal: {error!r}", file=sys.stderr)
     finally:
         gc.freeze()
-    collapse_into_huge_pages()  # last: what is written above stays where it is, in pages of any size
+    try:
+        collapse_into_huge_pages()  # last: what is written above stays where it is, in pages of any size
+    except Exception as error:  # forks copy more page tables, nothing else changes
+        print(f"gymhost: instance template: its memory was not made huge pages: {error!r}", file=sys.stderr)
 
 
 def _hand_over(pidfds: socket.socket, pid: int, pidfd: int) -> None:
