@@ -48,6 +48,7 @@ def server_tools(catalog: Catalog, tasks: Iterable[Task]) -> list[dict[str, Any]
     """Every tool a server routes: the catalog's policy tools and the tools of every task that carries its own (an
     environment that lists its tools only inside an episode has none in its catalog). A call to one of them that the
     episode's task does not have still reaches the environment, which answers it as the model's error."""
+    _sized(catalog)
     tools = {str(tool["name"]): tool for tool in catalog.policy_tools()}
     for task in tasks:
         for tool in task.tools or []:
@@ -61,7 +62,6 @@ def server_tools(catalog: Catalog, tasks: Iterable[Task]) -> list[dict[str, Any]
 def _routable(catalog: Catalog, tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``tools``, each checked to be a valid Gym route name that Gym does not claim, and to be JSON a client can
     read: the server's OpenAPI document and a dataset row's ``tools`` carry them."""
-    _sized(catalog)
     for tool in tools:
         name = str(tool.get("name"))
         if not _TOOL_NAME.match(name):
