@@ -255,6 +255,11 @@ forged = {
     "gauge_livesum_forged-6.db": '["gymhost_handoffs_total", "gymhost_handoffs_total", {"mount": "/runner"}, ""]',
     "counter_forged-7.db": '["gymhost_sessions_started", "gymhost_sessions_started_total", {"mount": "/runner", '
     '"forged": "1"}, "Sessions seeded (POST /seed_session answered 2xx), on any server."]',
+    # As gymhost declares it, of another mount (the written folder's, served by the gateway beside the runner):
+    "counter_forged-8.db": '["gymhost_sessions_started", "gymhost_sessions_started_total", {"mount": "/WRITTEN"}, '
+    '"Sessions seeded (POST /seed_session answered 2xx), on any server."]',
+    "counter_forged-9.db": '["runner_own", "runner_own_total", {"forged": "1"}, "of no mount: shown in every one"]',
+    "counter_runner-10.db": '["runner_calls", "runner_calls_total", {"mount": "/runner"}, "its own"]',
 }
 for name, key in forged.items():
     values = MmapedDict(os.path.join(folder, name))
@@ -286,13 +291,16 @@ async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in
         async with EpisodeClient(f"{server.url}/runner") as episode:
             await episode.seed(ROW)
             metrics = httpx.get(f"{server.url}/metrics", timeout=STATE_TIMEOUT_S).text
-            answer = await episode.post("/verify", {**ROW, "response": response_saying(LOOK_AND_FORGE)})
+            forge = LOOK_AND_FORGE.replace("/WRITTEN", f"/{written.name}")
+            answer = await episode.post("/verify", {**ROW, "response": response_saying(forge)})
         assert 'gymhost_sessions_started_total{mount="/runner"} 1.0' in metrics, metrics
         assert answer.status_code == 200, answer.text
         # The model's code wrote files of its own where the runner keeps its metrics: the gateway reads past them.
         after = httpx.get(f"{server.url}/metrics", timeout=STATE_TIMEOUT_S)
         assert after.status_code == 200, after.text
         assert 'gymhost_sessions_started_total{mount="/runner"} 1.0' in after.text, after.text
+        assert f'gymhost_sessions_started_total{{mount="/{written.name}"}} 1.0' in after.text, after.text
+        assert 'runner_calls_total{mount="/runner"} 1.0' in after.text, after.text  # its own, of its mount
         assert "forged" not in after.text, after.text
         assert "gymhost_episodes_open_total" not in after.text, after.text
         assert after.text.count("# TYPE gymhost_handoffs_total") <= 1, after.text
@@ -305,6 +313,7 @@ async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in
     assert any(said.startswith("serving runner at ") for said in messages), "the runner's process said it is serving"
     assert sum("it holds no values gymhost can read" in said for said in messages) == 2, server.output
     assert sum("would pass for, or relabel, one of gymhost's metrics" in said for said in messages) == 5, server.output
+    assert sum("is not of /runner, the one mount its server serves" in said for said in messages) == 2, server.output
     refused = run_to_completion(
         gymhost_command("serve", str(root), "--port", "0", "--sandbox", "strict", "--workers", "2")
     )

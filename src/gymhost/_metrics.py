@@ -25,6 +25,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 
+from ._scratch import remove
+
 __all__ = [
     "CONTENT_TYPE",
     "HTTP_ACTIVE_REQUESTS",
@@ -167,39 +169,42 @@ def handed_off(outcome: str) -> None:
 
 class EpisodeMetrics:
     """One app's episode metrics. Its mount is known once the app's lifespan starts (a gateway says where it
-    mounted it), so the series are bound then."""
+    mounted it), so the series are bound then, each at 0 from the start. None is made before it is bound or used:
+    a process serving one mount writes no series of another (a gateway reads a confined server's as of its mount
+    alone)."""
 
     def __init__(self) -> None:
-        self.bind(ROOT)
+        self.mount = ROOT
+        self._made: _Series | None = None
 
     def bind(self, mount: str) -> None:
         self.mount = mount or ROOT
-        self._open = _EPISODES_OPEN.labels(self.mount)
-        self._reward = _REWARD.labels(self.mount)
-        self._seed_wait = _SEED_WAIT.labels(self.mount)
-        self._waiting = _SEEDS_WAITING.labels(self.mount)
-        self._sessions = _SESSIONS_STARTED.labels(self.mount)
-        self._tools: dict[str, Any] = {}
-        for why in LOST_WHY:  # at 0 from the start: an alert's increase() sees the first burst of losses
-            _LOST_REQUESTS.labels(self.mount, why)
-        self._stops_counted = False
+        self._made = _Series(self.mount)
+
+    @property
+    def _series(self) -> _Series:
+        """The mount's series; made now if used before the app's lifespan bound them (a pool on its own: the root)."""
+        if self._made is None:
+            self._made = _Series(self.mount)
+        return self._made
 
     def session_started(self) -> None:
-        self._sessions.inc()
+        self._series.sessions.inc()
 
     def seed_waited(self, seconds: float) -> None:
-        self._seed_wait.observe(seconds)
+        self._series.seed_wait.observe(seconds)
 
     def tool_called(self, tool: str, seconds: float) -> None:
-        child = self._tools.get(tool)
+        tools = self._series.tools
+        child = tools.get(tool)
         if child is None:
-            child = self._tools[tool] = _TOOL_CALL.labels(self.mount, tool)
+            child = tools[tool] = _TOOL_CALL.labels(self.mount, tool)
         child.observe(seconds)
 
     def ended(self, outcome: str, failure_kind: str | None = None, reward: float | None = None) -> None:
         _EPISODES_ENDED.labels(self.mount, outcome, failure_kind or "").inc()
         if outcome == "rewarded" and reward is not None:
-            self._reward.observe(reward)
+            self._series.reward.observe(reward)
 
     def request_lost(self, why: str) -> None:
         _LOST_REQUESTS.labels(self.mount, why).inc()
@@ -218,16 +223,32 @@ class EpisodeMetrics:
         waiting: int = 0,
         confinement: str | None = None,
     ) -> None:
-        self._open.set(open_episodes)
-        self._waiting.set(waiting)
+        series = self._series
+        series.open.set(open_episodes)
+        series.waiting.set(waiting)
         for state, count in (instances or {}).items():
             _INSTANCES.labels(self.mount, state).set(count)
-        if instances is not None and not self._stops_counted:  # a pool: its stops at 0 from the start, as above
-            self._stops_counted = True
+        if instances is not None and not series.stops_counted:  # a pool: its stops at 0 from the start, as above
+            series.stops_counted = True
             for reason in STOP_REASONS:
                 _INSTANCE_STOPS.labels(self.mount, reason)
         if confinement is not None:
             _CONFINEMENT.labels(self.mount, confinement).set(1)
+
+
+class _Series:
+    """One mount's series an app uses on every episode, looked up once."""
+
+    def __init__(self, mount: str) -> None:
+        self.open = _EPISODES_OPEN.labels(mount)
+        self.reward = _REWARD.labels(mount)
+        self.seed_wait = _SEED_WAIT.labels(mount)
+        self.waiting = _SEEDS_WAITING.labels(mount)
+        self.sessions = _SESSIONS_STARTED.labels(mount)
+        self.tools: dict[str, Any] = {}
+        for why in LOST_WHY:  # at 0 from the start: an alert's increase() sees the first burst of losses
+            _LOST_REQUESTS.labels(mount, why)
+        self.stops_counted = False
 
 
 def share_metrics(folder: Path) -> None:
@@ -245,9 +266,39 @@ def share_metrics(folder: Path) -> None:
 
 def shared_metrics_folder() -> Path | None:
     """The folder this process keeps its metrics in with others' (``share_metrics``), if any: a confined process
-    mount is handed a folder inside it (``_serving._confined``)."""
+    mount is handed a folder inside it (``confined_metrics_folder``)."""
     folder = os.environ.get(METRICS_FOLDER_ENV_VAR)
     return Path(folder) if folder else None
+
+
+def confined_metrics_folder(shared: Path, mount: str) -> Path:
+    """A folder of its own in ``shared`` for a confined server of ``mount`` (a gateway's process mount) to keep its
+    values in, and, beside it where its sandbox cannot write, the record of that mount: what the code it runs
+    writes there is read as that mount's, never as another's (``_SharedMetrics``). Removed with
+    ``release_confined_metrics_folder``."""
+    made = Path(tempfile.mkdtemp(prefix="confined-", dir=shared))
+    _mount_record(str(made)).write_text(mount or ROOT, encoding="utf-8")
+    return made
+
+
+def release_confined_metrics_folder(made: Path) -> None:
+    """``made``'s values and record gone: its server's process is, and its sums leave the gateway's with it."""
+    remove(made)
+    _mount_record(str(made)).unlink(missing_ok=True)
+
+
+def _mount_record(folder: str) -> Path:
+    return Path(folder + _MOUNT_RECORD)
+
+
+def _recorded_mount(folder: str) -> str | None:
+    try:
+        return _mount_record(folder).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+_MOUNT_RECORD = ".mount"  # beside a confined server's folder, in the shared one: the mount its values are of
 
 
 class _SharedMetrics:
@@ -268,6 +319,10 @@ class _SharedMetrics:
         with tempfile.TemporaryDirectory(prefix="gymhost-metrics-read-") as copies:
             copied = ours
             for number, below in enumerate(_folders_below(self.folder)):
+                mount = _recorded_mount(below)
+                if mount is None:
+                    _left_out(below, "no record says which mount its server serves")
+                    continue
                 files = []
                 for index, path in enumerate(sorted(_value_files(below, depth=2))[:_MAX_FILES_A_FOLDER]):
                     copy = _copied(path, os.path.join(copies, f"{number}-{index}"))
@@ -275,8 +330,8 @@ class _SharedMetrics:
                         continue
                     if _merged([*ours, copy]) is None:
                         _left_out(path, "it holds no values gymhost can read")
-                    elif (family := _misdeclared(copy)) is not None:
-                        _left_out(path, f"its {family} would pass for, or relabel, one of gymhost's metrics")
+                    elif (why := _misdeclared(copy, mount)) is not None:
+                        _left_out(path, why)
                     else:
                         files.append(copy)
                 tried = _merged([*copied, *files])
@@ -306,19 +361,24 @@ def _merged(files: list[str]) -> list[Metric] | None:
     return merged
 
 
-def _misdeclared(path: str) -> str | None:
-    """The first family in the values file at ``path`` that would pass for, or change, one of gymhost's own: one
-    of gymhost's named otherwise than gymhost declares it (another type or gauge mode, its file's name says; another
-    help text; a sample name or label names not its), or any other family or sample under gymhost's prefixes, or
-    under a name the exposition would rewrite (``generate_latest`` escapes what a classic name may not hold, and
-    writes a counter's family with ``_total``: either could render as one of gymhost's). The merge takes a family's
-    help and type from the first file that names it and a gauge's mode from the last, so such a file would relabel
-    the family, gymhost's own files' too. None if there is none: a family of hosted code's own passes."""
+def _misdeclared(path: str, mount: str) -> str | None:
+    """Why the values file at ``path``, from the folder of a confined server of ``mount``, is left out, or None.
+
+    Its first family that would pass for, or change, one of gymhost's own: one of gymhost's named otherwise than
+    gymhost declares it (another type or gauge mode, its file's name says; another help text; a sample name or label
+    names not its), or any other family or sample under gymhost's prefixes, or under a name the exposition would
+    rewrite (``generate_latest`` escapes what a classic name may not hold, and writes a counter's family with
+    ``_total``: either could render as one of gymhost's). The merge takes a family's help and type from the first
+    file that names it and a gauge's mode from the last, so such a file would relabel the family, gymhost's own
+    files' too. Or its first sample of another mount than ``mount``, or of none (but for gymhost's families of the
+    whole process), which would be counted, and shown, as another mount's (each mount's ``/metrics`` shows the
+    samples with no mount too). A family of hosted code's own, of its mount, passes."""
     from prometheus_client.mmap_dict import MmapedDict
 
     kind, _, rest = os.path.basename(path).partition("_")
     if kind == "gauge":
         kind += "_" + rest.partition("_")[0]
+    relabels = "its {} would pass for, or relabel, one of gymhost's metrics"
     try:
         for key, *_ in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
             family, sample, labels, help_text = json.loads(key)
@@ -326,11 +386,13 @@ def _misdeclared(path: str) -> str | None:
             if declared is None:
                 names = (family, sample, family + "_total")
                 if not all(_CLASSIC_NAME.match(name) and not name.startswith(_OURS_PREFIXES) for name in names):
-                    return str(family)
+                    return relabels.format(family)
             elif (kind, help_text, frozenset(labels)) != (declared.kind, declared.help, declared.samples.get(sample)):
-                return str(family)
+                return relabels.format(family)
+            if labels.get("mount", mount) != mount or ("mount" not in labels and declared is None):
+                return f"its {family} is not of {mount}, the one mount its server serves"
     except (ValueError, TypeError, AttributeError):  # merged and rendered already: a key's parts of other types
-        return "a family"
+        return relabels.format("a family")
     return None
 
 

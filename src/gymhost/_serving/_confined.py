@@ -28,7 +28,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,8 +36,12 @@ from typing import Any, NoReturn
 from .._config import SECRET_ENV_VAR, ServeConfig, configured_network, configured_sandbox, secret_settings
 from .._hosting._folder import declared_datasets, find_env_yaml, load_server_spec, referenced_servers
 from .._hosting._targets import Target
-from .._metrics import METRICS_FOLDER_ENV_VAR, shared_metrics_folder
-from .._scratch import remove
+from .._metrics import (
+    METRICS_FOLDER_ENV_VAR,
+    confined_metrics_folder,
+    release_confined_metrics_folder,
+    shared_metrics_folder,
+)
 
 __all__ = ["ConfinedServer", "confined_server", "exit_as", "inside", "serve_confined"]
 
@@ -100,7 +103,7 @@ def serve_confined(
     secrets = {**secret_settings(), SECRET_ENV_VAR: process_secret()}
     environment = {**os.environ, **chosen.environment()}  # os.environ holds no secret: taken at start
     shared = shared_metrics_folder()  # a gateway's, for its process mount: a folder of its own there, and no more
-    made = Path(tempfile.mkdtemp(prefix="confined-", dir=shared)) if shared is not None else None
+    made = confined_metrics_folder(shared, config.root_path) if shared is not None else None
     own = chosen.hand_over(made) if made is not None else None
     if own is not None:
         environment[METRICS_FOLDER_ENV_VAR] = str(own)
@@ -133,8 +136,8 @@ def serve_confined(
                 pickle.dump((replace(config, fd=sock.fileno()), rules, secret_line, secrets), pipe)
             return supervisor.wait()
     finally:
-        if made is not None:  # its values, whose process is gone, leave the gateway's sums with it
-            remove(made)
+        if made is not None:
+            release_confined_metrics_folder(made)
 
 
 def _die_with(supervisor: int) -> None:
