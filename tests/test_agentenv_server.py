@@ -463,6 +463,31 @@ async def test_the_pool_view_shows_a_state_json_cannot_carry(tmp_path: Path, mod
         assert shown.json()["data"] == {"count": 0, "ratio": None, "file": "caf\udce9.txt"}, shown.text
 
 
+DEEP_STATE_ENV = COUNTER_ENV.replace(
+    'return [DataPart(data={"count": self.count})]',
+    "nested = []\n        for _ in range(100_000):\n            nested = [nested]\n"
+    '        return [DataPart(data={"count": self.count, "nested": nested})]',
+)
+
+
+@pytest.mark.parametrize("mode", ["process", "in_process"])
+async def test_the_pool_view_shows_that_a_state_is_nested_too_deeply(tmp_path: Path, mode: str) -> None:
+    """A state nested past what the server's encoder (in-process) or the instance's and the server's JSON (process
+    mode) can walk is shown as an error of that instance, not as a 500 of the view; the server serves on."""
+    bundle = make_bundle(tmp_path)
+    (bundle / "env.py").write_text(DEEP_STATE_ENV.replace("{TOOL}", "increment"))
+    folder = (await awrite_folder(str(bundle), tmp_path / "root", mode=mode)).path
+    async with served(folder) as transport, httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+        index = (await pool_status(BASE, transport))["instances"][0]["index"]
+        shown = await client.get(f"/agentenv/pool/{index}")
+        assert shown.status_code == 200, shown.text
+        assert shown.json()["data"] is None, shown.text[:300]
+        assert shown.json()["error"], shown.text[:300]
+        episode = EpisodeClient(BASE, transport=transport)
+        await episode.seed(rows(folder)[0])
+        assert (await episode.call_tool("increment", {"by": 1})).ok
+
+
 async def test_hosted_code_never_sees_its_tasks_answers_nor_grades_its_episode(tmp_path: Path) -> None:
     """A process instance is sent its task's seed and what grading reads of it (its state), never the criteria's
     expected values nor the solution; the server grades. Hosted code that reads and rewrites every message between
