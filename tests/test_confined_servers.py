@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from gymhost import EpisodeClient
+from gymhost._metrics import _DECLARED
 from gymhost.environments import awrite_folder
 
 from .agentenv_helpers import make_bundle, rows
@@ -242,6 +243,7 @@ def test_a_confined_server_that_fails_to_build_says_why_in_one_record(tmp_path: 
 # and writes, where its server keeps its metrics for the gateway to read, files that do not hold values, and files
 # that would pass for gymhost's own families or relabel them (another help text, a sample of another type, a name
 # the exposition rewrites into one of gymhost's, a label gymhost's family does not have).
+FORWARDS = json.dumps(_DECLARED["gymhost_forward_failures"].help)  # gymhost's, word for word
 LOOK_AND_FORGE = """\
 import os
 from prometheus_client.mmap_dict import MmapedDict
@@ -258,12 +260,22 @@ forged = {
     # As gymhost declares it, of another mount (the written folder's, served by the gateway beside the runner):
     "counter_forged-8.db": '["gymhost_sessions_started", "gymhost_sessions_started_total", {"mount": "/WRITTEN"}, '
     '"Sessions seeded (POST /seed_session answered 2xx), on any server."]',
-    "counter_forged-9.db": '["runner_own", "runner_own_total", {"forged": "1"}, "of no mount: shown in every one"]',
-    "counter_runner-10.db": '["runner_calls", "runner_calls_total", {"mount": "/runner"}, "its own"]',
+    # Its own, of no mount: counted as the runner's; in one file with a sample of another mount, left out alone.
+    "counter_runner-9.db": '["runner_unlabelled", "runner_unlabelled_total", {}, "of no mount"]',
+    "counter_runner-10.db": [
+        '["runner_calls", "runner_calls_total", {"mount": "/runner"}, "its own"]',
+        '["gymhost_sessions_started", "gymhost_sessions_started_total", {"mount": "/WRITTEN"}, '
+        '"Sessions seeded (POST /seed_session answered 2xx), on any server."]',
+    ],
+    "counter_forged-11.db": '["runner_odd", "runner_odd_total", {"a.b": "forged"}, ""]',
+    "counter_forged-12.db": '["runner_named", "runner_named_total", {"__name__": "forged"}, ""]',
+    "counter_forged-13.db": '["gymhost_forward_failures", "gymhost_forward_failures_total", '
+    '{"reason": "forged", "target": "worker"}, FORWARDS]',
 }
-for name, key in forged.items():
+for name, keys in forged.items():
     values = MmapedDict(os.path.join(folder, name))
-    values.write_value(key, 1.0, 0.0)
+    for key in [keys] if isinstance(keys, str) else keys:
+        values.write_value(key, 1.0, 0.0)
     values.close()
 print(os.getuid(), sum(e.isdigit() for e in os.listdir('/proc')))
 """
@@ -291,7 +303,7 @@ async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in
         async with EpisodeClient(f"{server.url}/runner") as episode:
             await episode.seed(ROW)
             metrics = httpx.get(f"{server.url}/metrics", timeout=STATE_TIMEOUT_S).text
-            forge = LOOK_AND_FORGE.replace("/WRITTEN", f"/{written.name}")
+            forge = LOOK_AND_FORGE.replace("/WRITTEN", f"/{written.name}").replace("FORWARDS", FORWARDS)
             answer = await episode.post("/verify", {**ROW, "response": response_saying(forge)})
         assert 'gymhost_sessions_started_total{mount="/runner"} 1.0' in metrics, metrics
         assert answer.status_code == 200, answer.text
@@ -301,6 +313,7 @@ async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in
         assert 'gymhost_sessions_started_total{mount="/runner"} 1.0' in after.text, after.text
         assert f'gymhost_sessions_started_total{{mount="/{written.name}"}} 1.0' in after.text, after.text
         assert 'runner_calls_total{mount="/runner"} 1.0' in after.text, after.text  # its own, of its mount
+        assert 'runner_unlabelled_total{mount="/runner"} 1.0' in after.text, after.text
         assert "forged" not in after.text, after.text
         assert "gymhost_episodes_open_total" not in after.text, after.text
         assert after.text.count("# TYPE gymhost_handoffs_total") <= 1, after.text
@@ -314,6 +327,8 @@ async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in
     assert sum("it holds no values gymhost can read" in said for said in messages) == 2, server.output
     assert sum("would pass for, or relabel, one of gymhost's metrics" in said for said in messages) == 5, server.output
     assert sum("is not of /runner, the one mount its server serves" in said for said in messages) == 2, server.output
+    assert sum("label names the exposition would rewrite" in said for said in messages) == 2, server.output
+    assert sum("is not one a confined server writes" in said for said in messages) == 1, server.output
     refused = run_to_completion(
         gymhost_command("serve", str(root), "--port", "0", "--sandbox", "strict", "--workers", "2")
     )

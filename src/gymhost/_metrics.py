@@ -11,6 +11,7 @@ aggregates them across worker processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -19,7 +20,7 @@ import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
@@ -292,13 +293,17 @@ def _mount_record(folder: str) -> Path:
 
 
 def _recorded_mount(folder: str) -> str | None:
-    try:
-        return _mount_record(folder).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
+    """The mount recorded beside ``folder``; None if there is no record (nor a regular file there: a confined
+    server reads its own folder as a shared one, where the code it runs may have made a pipe of that name)."""
+    with _regular_file(str(_mount_record(folder))) as file:
+        try:
+            return file.read(_MAX_MOUNT_BYTES).decode("utf-8") if file is not None else None
+        except (OSError, UnicodeDecodeError):
+            return None
 
 
 _MOUNT_RECORD = ".mount"  # beside a confined server's folder, in the shared one: the mount its values are of
+_MAX_MOUNT_BYTES = 4096
 
 
 class _SharedMetrics:
@@ -306,18 +311,26 @@ class _SharedMetrics:
     server writes its values in a folder of its own there, the only one its sandbox lets it write. So does the code
     it runs for the model (``code_gen``'s verify), which may write anything there, swap it as it is read, or make it
     a pipe. So a folder below is read through copies (``_copied``: regular files, never through a link, of a bounded
-    size), after gymhost's own processes' files: a file whose values do not merge and render with those is left
-    out, and a folder whose files together do not with the folders before it; each said once in the log."""
+    size), after gymhost's own processes' files, and as the one mount its record says (``confined_metrics_folder``):
+    a file whose values do not merge and render with those is left out, and so are its samples that would pass for
+    another mount's or change gymhost's families (``_Reading``), and a folder whose files together do not merge with
+    the folders before it; each said once in the log."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
 
     def collect(self) -> Iterable[Metric]:
-        ours = sorted(_value_files(self.folder, depth=1))
-        merged = _merged(ours)
-        assert merged is not None, "gymhost's own values always merge"
         with tempfile.TemporaryDirectory(prefix="gymhost-metrics-read-") as copies:
-            copied = ours
+            ours: list[str] = []  # gymhost's processes'; in a confined server's own folder, the code it runs' too
+            for index, path in enumerate(sorted(_value_files(self.folder, depth=1))):
+                copy = _copied(path, os.path.join(copies, f"own-{index}"))
+                if copy is not None and _merged([*ours, copy]) is None:
+                    _left_out(path, "it holds no values gymhost can read")
+                elif copy is not None:
+                    ours.append(copy)
+            merged = _merged(ours)
+            assert merged is not None, "each was merged with those before it"
+            copied, hosted = ours, dict[str, tuple[str, str]]()
             for number, below in enumerate(_folders_below(self.folder)):
                 mount = _recorded_mount(below)
                 if mount is None:
@@ -330,10 +343,11 @@ class _SharedMetrics:
                         continue
                     if _merged([*ours, copy]) is None:
                         _left_out(path, "it holds no values gymhost can read")
-                    elif (why := _misdeclared(copy, mount)) is not None:
-                        _left_out(path, why)
-                    else:
-                        files.append(copy)
+                        continue
+                    why = _Reading(mount, hosted).keep(copy)
+                    if why is not None:
+                        _left_out(f"samples of {path}", why)
+                    files.append(copy)
                 tried = _merged([*copied, *files])
                 if tried is None:
                     _left_out(below, "its values do not merge with the others'")
@@ -361,39 +375,74 @@ def _merged(files: list[str]) -> list[Metric] | None:
     return merged
 
 
-def _misdeclared(path: str, mount: str) -> str | None:
-    """Why the values file at ``path``, from the folder of a confined server of ``mount``, is left out, or None.
+class _Reading:
+    """What of a values file from the folder of a confined server of ``mount`` is counted. A sample is left out if
+    it would pass for, or change, one of gymhost's families: one of gymhost's named otherwise than gymhost declares
+    it (another type or gauge mode, its file's name says; another help text; a sample name or label names not its),
+    or any other family or sample under gymhost's prefixes, or under a name the exposition would rewrite
+    (``generate_latest`` escapes what a classic name may not hold, and writes a counter's family with ``_total``:
+    either could render as one of gymhost's). The merge takes a family's help and type from the first file that
+    names it and a gauge's mode from the last, so such a sample would relabel the family, gymhost's own files' too.
+    It is also left out if it is of another mount (each would count as that mount's), or one of gymhost's families
+    of a whole process that a confined server, one process with no workers, never writes, or has label names the
+    exposition would rewrite, or (``hosted``: the families the servers' own code declared in the folders read
+    before) declares a family of hosted code's otherwise than a folder before did. A sample of hosted code's own
+    family with no mount is counted as its server's mount's (each mount's ``/metrics`` shows the samples of none)."""
 
-    Its first family that would pass for, or change, one of gymhost's own: one of gymhost's named otherwise than
-    gymhost declares it (another type or gauge mode, its file's name says; another help text; a sample name or label
-    names not its), or any other family or sample under gymhost's prefixes, or under a name the exposition would
-    rewrite (``generate_latest`` escapes what a classic name may not hold, and writes a counter's family with
-    ``_total``: either could render as one of gymhost's). The merge takes a family's help and type from the first
-    file that names it and a gauge's mode from the last, so such a file would relabel the family, gymhost's own
-    files' too. Or its first sample of another mount than ``mount``, or of none (but for gymhost's families of the
-    whole process), which would be counted, and shown, as another mount's (each mount's ``/metrics`` shows the
-    samples with no mount too). A family of hosted code's own, of its mount, passes."""
-    from prometheus_client.mmap_dict import MmapedDict
+    def __init__(self, mount: str, hosted: dict[str, tuple[str, str]]) -> None:
+        self.mount, self.hosted = mount, hosted
 
-    kind, _, rest = os.path.basename(path).partition("_")
-    if kind == "gauge":
-        kind += "_" + rest.partition("_")[0]
-    relabels = "its {} would pass for, or relabel, one of gymhost's metrics"
-    try:
-        for key, *_ in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
-            family, sample, labels, help_text = json.loads(key)
-            declared = _DECLARED.get(family)
-            if declared is None:
-                names = (family, sample, family + "_total")
-                if not all(_CLASSIC_NAME.match(name) and not name.startswith(_OURS_PREFIXES) for name in names):
-                    return relabels.format(family)
-            elif (kind, help_text, frozenset(labels)) != (declared.kind, declared.help, declared.samples.get(sample)):
-                return relabels.format(family)
-            if labels.get("mount", mount) != mount or ("mount" not in labels and declared is None):
-                return f"its {family} is not of {mount}, the one mount its server serves"
-    except (ValueError, TypeError, AttributeError):  # merged and rendered already: a key's parts of other types
-        return relabels.format("a family")
-    return None
+    def keep(self, path: str) -> str | None:
+        """The values file at ``path`` rewritten with what of it is counted; why something was not, or None."""
+        from prometheus_client.mmap_dict import MmapedDict
+
+        kind, _, rest = os.path.basename(path).partition("_")
+        if kind == "gauge":
+            kind += "_" + rest.partition("_")[0]
+        kept, why, changed = [], None, False
+        for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
+            try:
+                family, sample, labels, help_text = json.loads(key)
+                refused = self._refusal(kind, family, sample, labels, help_text)
+            except (ValueError, TypeError, AttributeError):  # merged and rendered already: a key's parts of other types
+                refused = "its entries are not what prometheus_client writes"
+            if refused is None and ("mount" in labels or family in _DECLARED):
+                kept.append((key, value, timestamp))
+            elif refused is None:  # hosted code's own, of no mount: its server's
+                key = json.dumps([family, sample, {**labels, "mount": self.mount}, help_text], sort_keys=True)
+                kept.append((key, value, timestamp))
+                changed = True
+            else:
+                why, changed = why or refused, True
+        if changed:
+            os.remove(path)
+            values = MmapedDict(path)  # type: ignore[no-untyped-call]
+            try:
+                for entry in kept:
+                    values.write_value(*entry)  # type: ignore[no-untyped-call]
+            finally:
+                values.close()  # type: ignore[no-untyped-call]
+        return why
+
+    def _refusal(self, kind: str, family: Any, sample: Any, labels: Any, help_text: Any) -> str | None:
+        if not all(isinstance(part, str) for part in (family, sample, help_text, *labels, *labels.values())):
+            return "its entries are not what prometheus_client writes"
+        if not all(_CLASSIC_LABEL.match(name) and not name.startswith("__") for name in labels):
+            return f"its {family} has label names the exposition would rewrite"
+        if labels.get("mount", self.mount) != self.mount:
+            return f"its {family} is not of {self.mount}, the one mount its server serves"
+        declared = _DECLARED.get(family)
+        if declared is None:
+            names = (family, sample, family + "_total")
+            if not all(_CLASSIC_NAME.match(name) and not name.startswith(_OURS_PREFIXES) for name in names):
+                return f"its {family} would pass for, or relabel, one of gymhost's metrics"
+            if self.hosted.setdefault(family, (kind, help_text)) != (kind, help_text):
+                return f"its {family} is declared otherwise than by a server read before it"
+        elif (kind, help_text, frozenset(labels)) != (declared.kind, declared.help, declared.samples.get(sample)):
+            return f"its {family} would pass for, or relabel, one of gymhost's metrics"
+        elif "mount" not in labels and family not in _CONFINED_PROCESS_FAMILIES:
+            return f"its {family} is not one a confined server writes"
+        return None
 
 
 class _Declared(NamedTuple):
@@ -421,6 +470,9 @@ def _declarations() -> dict[str, _Declared]:
 _DECLARED = _declarations()
 _OURS_PREFIXES = ("gymhost_", "http_server_")  # every family of gymhost's begins so
 _CLASSIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")  # what the exposition writes as it is
+_CLASSIC_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+# gymhost's families of a whole process that a confined server (one process, no workers) writes
+_CONFINED_PROCESS_FAMILIES = frozenset({"gymhost_accept_errors", "gymhost_listen_overflows"})
 
 
 class _Collected:
@@ -432,31 +484,48 @@ class _Collected:
 
 
 def _copied(path: str, folder: str) -> str | None:
-    """A copy of the values file at ``path`` in ``folder``, under its own name: read once, a regular file opened
-    without following a link nor waiting on a pipe, its entries within ``_MAX_USED_BYTES``. None if it is not one."""
-    try:
-        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+    """A copy of the values file at ``path`` in ``folder``, under its own name, its entries within
+    ``_MAX_USED_BYTES``; None if it is not one (``_regular_file``)."""
+    with _regular_file(path) as file:
+        if file is None:
             return None
-        with os.fdopen(descriptor, "rb", closefd=False) as file:
+        try:
             header = file.read(8)
             used = int.from_bytes(header[:4], "little", signed=True) if len(header) == 8 else -1
             if not 8 <= used <= _MAX_USED_BYTES:
                 _left_out(path, f"its header says {used} bytes")
                 return None
             data = header + file.read(used - 8)
-    except OSError:
-        return None
-    finally:
-        os.close(descriptor)
+        except OSError:
+            return None
     os.makedirs(folder, exist_ok=True)
     copy = os.path.join(folder, os.path.basename(path))
-    with open(copy, "wb") as file:
-        file.write(data)
+    with open(copy, "wb") as written:
+        written.write(data)
     return copy
+
+
+@contextlib.contextmanager
+def _regular_file(path: str) -> Iterator[BinaryIO | None]:
+    """The regular file at ``path``, opened without following a link nor waiting on a pipe; None if it is not one
+    (its reads may still fail: ``OSError``)."""
+    try:
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        yield None
+        return
+    try:
+        regular = stat.S_ISREG(os.fstat(descriptor).st_mode)
+    except OSError:
+        regular = False
+    try:
+        if not regular:
+            yield None
+            return
+        with os.fdopen(descriptor, "rb", closefd=False) as file:
+            yield file
+    finally:
+        os.close(descriptor)
 
 
 def _left_out(what: str, why: str) -> None:

@@ -1,0 +1,89 @@
+"""A gateway's ``/metrics`` over its shared values folder (``_metrics._SharedMetrics``): what a confined server's
+folder, which the code it runs may write, is read as."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.mmap_dict import MmapedDict
+
+from gymhost._metrics import _DECLARED, _SharedMetrics, confined_metrics_folder, release_confined_metrics_folder
+
+pytestmark = pytest.mark.unit
+
+SESSIONS = _DECLARED["gymhost_sessions_started"].help
+FORWARDS = _DECLARED["gymhost_forward_failures"].help
+
+
+def write(path: Path, *entries: tuple[str, str, dict[str, str], str, float]) -> None:
+    values = MmapedDict(str(path))
+    for family, sample, labels, help_text, value in entries:
+        values.write_value(json.dumps([family, sample, labels, help_text], sort_keys=True), value, 0.0)
+    values.close()
+
+
+def exposition(folder: Path) -> str:
+    registry = CollectorRegistry()
+    registry.register(_SharedMetrics(str(folder)))
+    return generate_latest(registry).decode()
+
+
+def test_a_confined_servers_samples_count_as_its_one_mounts(tmp_path: Path) -> None:
+    """Sample by sample: its server's own series and its code's own families count, the latter as its mount's;
+    what would count as another mount's, as one of gymhost's families of a gateway's process, or render under
+    rewritten label names is left out, and the rest of the same file still counts."""
+    runner = confined_metrics_folder(tmp_path, "/runner")
+    write(
+        runner / "counter_7.db",
+        ("gymhost_sessions_started", "gymhost_sessions_started_total", {"mount": "/runner"}, SESSIONS, 2.0),
+        ("gymhost_sessions_started", "gymhost_sessions_started_total", {"mount": "/other"}, SESSIONS, 5.0),
+        ("library_requests", "library_requests_total", {}, "a library's own", 3.0),
+        ("runner_odd", "runner_odd_total", {"a.b": "1"}, "rewritten label names", 1.0),
+        ("runner_named", "runner_named_total", {"__name__": "x"}, "a reserved label name", 1.0),
+        ("gymhost_forward_failures", "gymhost_forward_failures_total", {"reason": "gone", "target": "worker"},
+         FORWARDS, 1e6),
+    )  # fmt: skip
+    text = exposition(tmp_path)
+    assert 'gymhost_sessions_started_total{mount="/runner"} 2.0' in text, text
+    assert 'library_requests_total{mount="/runner"} 3.0' in text, text
+    assert "/other" not in text, text
+    assert "runner_odd" not in text, text
+    assert "runner_named" not in text, text
+    assert "gymhost_forward_failures_total{" not in text, text
+    release_confined_metrics_folder(runner)
+    assert os.listdir(tmp_path) == [], "its values and its record are gone"
+
+
+def test_a_folder_with_no_record_or_a_record_that_is_not_a_file_is_left_out(tmp_path: Path) -> None:
+    """A confined server reads its own folder as a shared one; there the code it runs may make a folder, and a
+    pipe where its record would be, which a read would wait on forever."""
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    os.mkfifo(tmp_path / "planted.mount")
+    write(planted / "counter_9.db", ("planted", "planted_total", {"mount": "/"}, "planted", 1.0))
+    (tmp_path / "unrecorded").mkdir()
+    write(tmp_path / "unrecorded" / "counter_9.db", ("unrecorded", "unrecorded_total", {"mount": "/"}, "x", 1.0))
+    read: list[str] = []
+    reading = threading.Thread(target=lambda: read.append(exposition(tmp_path)), daemon=True)
+    reading.start()
+    reading.join(timeout=30)
+    assert read, "reading the folder waited on the pipe"
+    assert "planted" not in read[0], read[0]
+    assert "unrecorded" not in read[0], read[0]
+
+
+def test_a_family_of_hosted_code_declared_otherwise_by_a_later_server_is_left_out_there(tmp_path: Path) -> None:
+    """prometheus_client's merge takes a family's type and help from the first file that names it: a second
+    confined server's family of the same name and another type would be merged into the first's, or lost."""
+    first, second = (confined_metrics_folder(tmp_path, mount) for mount in ("/a", "/b"))
+    write(first / "counter_1.db", ("runner_calls", "runner_calls_total", {"mount": "/a"}, "calls", 1.0))
+    write(second / "counter_1.db", ("runner_calls", "runner_calls_total", {"mount": "/b"}, "calls", 2.0))
+    os.rename(second / "counter_1.db", second / "gauge_all_1.db")  # the same family, as a gauge
+    text = exposition(tmp_path)
+    kept = [line for line in text.splitlines() if line.startswith("runner_calls")]
+    assert len(kept) == 1, text
