@@ -87,3 +87,24 @@ def test_a_family_of_hosted_code_declared_otherwise_by_a_later_server_is_left_ou
     text = exposition(tmp_path)
     kept = [line for line in text.splitlines() if line.startswith("runner_calls")]
     assert len(kept) == 1, text
+
+
+def test_the_folder_of_a_confined_server_killed_before_it_removed_it_is_left_out_and_removed(tmp_path: Path) -> None:
+    """A process mount killed (the OOM killer) leaves its folder; its gauges would count what was open then, for
+    ever, beside the folder of the server started again in its place."""
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # the process mount: makes its folder and writes, then is gone without removing it
+        made = confined_metrics_folder(tmp_path, "/runner")
+        write(made / "gauge_livesum_3.db", ("runner_open", "runner_open", {"mount": "/runner"}, "open", 7.0))
+        os.write(writer, b"x")
+        os._exit(0)
+    os.close(writer)
+    assert os.read(reader, 1) == b"x"
+    os.waitpid(child, 0)
+    assert len(os.listdir(tmp_path)) == 2, "its folder and its record"
+    kept = confined_metrics_folder(tmp_path, "/runner")  # this process's, alive
+    write(kept / "gauge_livesum_4.db", ("runner_open", "runner_open", {"mount": "/runner"}, "open", 1.0))
+    text = exposition(tmp_path)
+    assert 'runner_open{mount="/runner"} 1.0' in text, text
+    assert sorted(os.listdir(tmp_path)) == sorted([kept.name, kept.name + ".mount"])

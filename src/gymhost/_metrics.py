@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import Metric
 
-from ._scratch import remove
+from ._scratch import maker_gone, maker_stamp, remove
 
 __all__ = [
     "CONTENT_TYPE",
@@ -277,7 +277,7 @@ def confined_metrics_folder(shared: Path, mount: str) -> Path:
     values in, and, beside it where its sandbox cannot write, the record of that mount: what the code it runs
     writes there is read as that mount's, never as another's (``_SharedMetrics``). Removed with
     ``release_confined_metrics_folder``."""
-    made = Path(tempfile.mkdtemp(prefix="confined-", dir=shared))
+    made = Path(tempfile.mkdtemp(prefix=f"{_CONFINED}{maker_stamp()}-", dir=shared))
     _mount_record(str(made)).write_text(mount or ROOT, encoding="utf-8")
     return made
 
@@ -286,6 +286,13 @@ def release_confined_metrics_folder(made: Path) -> None:
     """``made``'s values and record gone: its server's process is, and its sums leave the gateway's with it."""
     remove(made)
     _mount_record(str(made)).unlink(missing_ok=True)
+
+
+def _maker_gone(folder: str) -> bool:
+    """Whether the process that made a confined server's ``folder`` (the one that ran it: a gateway's process
+    mount) is gone without removing it."""
+    name = os.path.basename(folder)
+    return name.startswith(_CONFINED) and maker_gone(name[len(_CONFINED) :].rpartition("-")[0])
 
 
 def _mount_record(folder: str) -> Path:
@@ -302,6 +309,7 @@ def _recorded_mount(folder: str) -> str | None:
             return None
 
 
+_CONFINED = "confined-"  # a confined server's folder: confined-<its maker's stamp>-<random>
 _MOUNT_RECORD = ".mount"  # beside a confined server's folder, in the shared one: the mount its values are of
 _MAX_MOUNT_BYTES = 4096
 
@@ -332,6 +340,9 @@ class _SharedMetrics:
             assert merged is not None, "each was merged with those before it"
             copied, hosted = ours, dict[str, tuple[str, str]]()
             for number, below in enumerate(_folders_below(self.folder)):
+                if _maker_gone(below):  # killed (the OOM killer): its gauges of what was open would stay
+                    release_confined_metrics_folder(Path(below))
+                    continue
                 mount = _recorded_mount(below)
                 if mount is None:
                     _left_out(below, "no record says which mount its server serves")

@@ -24,13 +24,12 @@ import tempfile
 from pathlib import Path
 from typing import Final, Literal, get_args
 
-__all__ = ["Kind", "remove", "remove_orphaned", "scratch_folder"]
+__all__ = ["Kind", "maker_gone", "maker_stamp", "remove", "remove_orphaned", "scratch_folder"]
 
 Kind = Literal["workers", "metrics", "mount", "instances", "agent-env"]
 _KINDS: Final[tuple[str, ...]] = get_args(Kind)
-_NAME: Final = re.compile(
-    rf"gymhost-(?P<kind>{'|'.join(map(re.escape, _KINDS))})-(?P<pid>\d+)-(?P<start>\d+)-(?P<pidns>\d+)-[a-z0-9_]+"
-)
+_STAMP: Final = re.compile(r"(?P<pid>\d+)-(?P<start>\d+)-(?P<pidns>\d+)")
+_NAME: Final = re.compile(rf"gymhost-(?P<kind>{'|'.join(map(re.escape, _KINDS))})-(?P<stamp>\d+-\d+-\d+)-[a-z0-9_]+")
 
 
 def scratch_folder(kind: Kind) -> Path:
@@ -39,8 +38,22 @@ def scratch_folder(kind: Kind) -> Path:
     if kind not in _KINDS:
         raise ValueError(f"{kind!r} is no kind of gymhost folder; one of {', '.join(_KINDS)}")
     remove_orphaned()
+    return Path(tempfile.mkdtemp(prefix=f"gymhost-{kind}-{maker_stamp()}-"))
+
+
+def maker_stamp() -> str:
+    """This process, as a folder's name tells its maker: ``<pid>-<start>-<pidns>``."""
     pid = os.getpid()
-    return Path(tempfile.mkdtemp(prefix=f"gymhost-{kind}-{pid}-{_start_time(pid)}-{_pid_namespace()}-"))
+    return f"{pid}-{_start_time(pid)}-{_pid_namespace()}"
+
+
+def maker_gone(stamp: str) -> bool:
+    """Whether the process a ``maker_stamp`` names is gone; never for one of another PID namespace, which cannot be
+    seen from here, nor for a stamp of another shape."""
+    match = _STAMP.fullmatch(stamp)
+    if match is None or int(match["pidns"]) != _pid_namespace():
+        return False
+    return _start_time(int(match["pid"])) != int(match["start"])
 
 
 def remove(folder: Path | str) -> None:
@@ -68,23 +81,22 @@ def remove_orphaned() -> list[Path]:
     """Remove the folders (of any kind) whose maker is gone; the ones removed."""
     removed = []
     root = Path(tempfile.gettempdir())
-    namespace, uid = _pid_namespace(), os.getuid()
+    uid = os.getuid()
     try:
         entries = list(os.scandir(root))
     except OSError:
         return []
     for entry in entries:
         match = _NAME.fullmatch(entry.name)
-        if match is None or int(match["pidns"]) != namespace:
+        if match is None or not maker_gone(match["stamp"]):
             continue
         try:
             if not entry.is_dir(follow_symlinks=False) or entry.stat(follow_symlinks=False).st_uid != uid:
                 continue
         except OSError:  # removed meanwhile
             continue
-        if _start_time(int(match["pid"])) != int(match["start"]):
-            remove(Path(entry.path))
-            removed.append(Path(entry.path))
+        remove(Path(entry.path))
+        removed.append(Path(entry.path))
     return removed
 
 
