@@ -324,11 +324,11 @@ async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in
     assert sum("its own code runs confined: bubblewrap" in said for said in messages) == 1, server.output
     assert any("hosted code confinement: namespaces" in said for said in messages), server.output  # its instances
     assert any(said.startswith("serving runner at ") for said in messages), "the runner's process said it is serving"
-    assert sum("it holds no values gymhost can read" in said for said in messages) == 2, server.output
+    assert sum("its entries are not what prometheus_client writes" in said for said in messages) == 2, server.output
     assert sum("would pass for, or relabel, one of gymhost's metrics" in said for said in messages) == 5, server.output
     assert sum("is not of /runner, the one mount its server serves" in said for said in messages) == 2, server.output
     assert sum("label names the exposition would rewrite" in said for said in messages) == 2, server.output
-    assert sum("is not one a confined server writes" in said for said in messages) == 1, server.output
+    assert sum("is of no mount, as the gateway's own process's is" in said for said in messages) == 1, server.output
     refused = run_to_completion(
         gymhost_command("serve", str(root), "--port", "0", "--sandbox", "strict", "--workers", "2")
     )

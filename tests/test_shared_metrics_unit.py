@@ -108,3 +108,38 @@ def test_the_folder_of_a_confined_server_killed_before_it_removed_it_is_left_out
     text = exposition(tmp_path)
     assert 'runner_open{mount="/runner"} 1.0' in text, text
     assert sorted(os.listdir(tmp_path)) == sorted([kept.name, kept.name + ".mount"])
+
+
+def test_what_a_confined_server_writes_never_changes_the_gateways_own_series(tmp_path: Path) -> None:
+    """The gateway's own processes' families (a process mount's own code's too) keep their type, whatever a
+    confined server declares; a family of no mount from a confined server would count as the gateway's own; a
+    ``pid`` label in a gauge would give two samples one name (the merge gives each its file's); and a sample both
+    with its mount and with none would be one after the relabel, the second overwriting the first."""
+    write(tmp_path / "gauge_livesum_1.db", ("lib_inflight", "lib_inflight", {"mount": "/venv"}, "in flight", 3.0))
+    runner = confined_metrics_folder(tmp_path, "/runner")
+    write(runner / "gauge_all_7.db", ("lib_inflight", "lib_inflight", {"mount": "/runner"}, "changed", 1.0))
+    write(
+        runner / "counter_7.db",
+        ("gymhost_accept_errors", "gymhost_accept_errors_total", {"reason": "descriptors"},
+         _DECLARED["gymhost_accept_errors"].help, 1e9),
+        ("calls", "calls_total", {"mount": "/runner"}, "calls", 5.0),
+        ("calls", "calls_total", {}, "calls", 3.0),
+    )  # fmt: skip
+    write(runner / "gauge_all_8.db", ("runner_gauge", "runner_gauge", {"pid": "1"}, "a gauge", 1.0))
+    text = exposition(tmp_path)
+    assert 'lib_inflight{mount="/venv"} 3.0' in text, text
+    assert "pid=" not in text, text
+    assert "gymhost_accept_errors_total{" not in text, text
+    assert 'calls_total{mount="/runner"} 5.0' in text, text
+
+
+def test_the_gateways_own_values_are_read_whatever_their_size(tmp_path: Path) -> None:
+    """A confined server's files are read up to a bound; gymhost's own grow with their series (a gateway of many
+    mounts and routes writes megabytes) and are read whole."""
+    values = MmapedDict(str(tmp_path / "counter_1.db"))
+    for route in range(40_000):
+        key = ["gateway_requests", "gateway_requests_total", {"mount": f"/m{route}"}, "its requests, by mount"]
+        values.write_value(json.dumps(key, sort_keys=True), 1.0, 0.0)
+    values.close()
+    assert os.path.getsize(tmp_path / "counter_1.db") > 4 << 20
+    assert 'mount="/m39999"' in exposition(tmp_path)

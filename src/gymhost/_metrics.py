@@ -11,6 +11,7 @@ aggregates them across worker processes.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -329,16 +330,13 @@ class _SharedMetrics:
 
     def collect(self) -> Iterable[Metric]:
         with tempfile.TemporaryDirectory(prefix="gymhost-metrics-read-") as copies:
-            ours: list[str] = []  # gymhost's processes'; in a confined server's own folder, the code it runs' too
-            for index, path in enumerate(sorted(_value_files(self.folder, depth=1))):
-                copy = _copied(path, os.path.join(copies, f"own-{index}"))
-                if copy is not None and _merged([*ours, copy]) is None:
-                    _left_out(path, "it holds no values gymhost can read")
-                elif copy is not None:
-                    ours.append(copy)
-            merged = _merged(ours)
-            assert merged is not None, "each was merged with those before it"
-            copied, hosted = ours, dict[str, tuple[str, str]]()
+            own = sorted(_value_files(self.folder, depth=1))  # gymhost's processes'; in a confined server's own
+            copied = _mergeable(
+                [c for i, path in enumerate(own) if (c := _copied(path, f"{copies}/own-{i}")) is not None]
+            )
+            merged = _merged(copied)
+            assert merged is not None, "_mergeable's are"
+            hosted = _families_of(copied)
             for number, below in enumerate(_folders_below(self.folder)):
                 if _maker_gone(below):  # killed (the OOM killer): its gauges of what was open would stay
                     release_confined_metrics_folder(Path(below))
@@ -347,19 +345,12 @@ class _SharedMetrics:
                 if mount is None:
                     _left_out(below, "no record says which mount its server serves")
                     continue
-                files = []
+                reading, files = _Reading(below, mount, hosted), []
                 for index, path in enumerate(sorted(_value_files(below, depth=2))[:_MAX_FILES_A_FOLDER]):
-                    copy = _copied(path, os.path.join(copies, f"{number}-{index}"))
-                    if copy is None:
-                        continue
-                    if _merged([*ours, copy]) is None:
-                        _left_out(path, "it holds no values gymhost can read")
-                        continue
-                    why = _Reading(mount, hosted).keep(copy)
-                    if why is not None:
-                        _left_out(f"samples of {path}", why)
-                    files.append(copy)
-                tried = _merged([*copied, *files])
+                    copy = _copied(path, f"{copies}/{number}-{index}", _MAX_USED_BYTES)
+                    if copy is not None and reading.keep(copy, path):
+                        files.append(copy)
+                tried = _merged([*copied, *files])  # once a folder: each file's keys were checked on their own
                 if tried is None:
                     _left_out(below, "its values do not merge with the others'")
                     continue
@@ -370,6 +361,8 @@ class _SharedMetrics:
 _MAX_FILES_A_FOLDER = 256  # a confined server's values files: one a metric type and process (a few dozen)
 _MAX_USED_BYTES = 4 * 1024 * 1024  # a values file's entries (a few thousand series); past this it is not read
 _LEFT_OUT_SAID: set[str] = set()  # what was left out, said once each
+_SAID: collections.Counter[str] = collections.Counter()  # by confined server's folder
+_SAID_AMONG = 20
 
 
 def _merged(files: list[str]) -> list[Metric] | None:
@@ -386,6 +379,47 @@ def _merged(files: list[str]) -> list[Metric] | None:
     return merged
 
 
+def _mergeable(files: list[str]) -> list[str]:
+    """``files``, those that do not merge with the ones before them left out (logged): gymhost's processes' always
+    merge, but in a confined server's own folder the code it runs writes too."""
+    if _merged(files) is not None:
+        return files
+    kept: list[str] = []
+    for path in files:
+        if _merged([*kept, path]) is None:
+            _left_out(path, "it holds no values gymhost can read")
+        else:
+            kept.append(path)
+    return kept
+
+
+def _entries(path: str) -> Iterator[tuple[str, float, float]]:
+    """The values file's entries: key, value, timestamp."""
+    from prometheus_client.mmap_dict import MmapedDict
+
+    for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
+        yield key, value, timestamp
+
+
+def _kind_of(path: str) -> str:
+    """A values file's type, as its name says: ``counter``, ``histogram``, ``gauge_livesum``..."""
+    kind, _, rest = os.path.basename(path).partition("_")
+    return kind + "_" + rest.partition("_")[0] if kind == "gauge" else kind
+
+
+def _families_of(files: list[str]) -> dict[str, tuple[str, str]]:
+    """The families not gymhost's in ``files`` (a process mount's own code's, say), with their type and help: a
+    confined server's family of the same name must be declared alike, or it would change theirs."""
+    families: dict[str, tuple[str, str]] = {}
+    for path in files:
+        for key, _, _ in _entries(path):
+            with contextlib.suppress(ValueError, TypeError):  # merged already: read as the merge reads them
+                family, _, _, help_text = json.loads(key)
+                if family not in _DECLARED:
+                    families.setdefault(family, (_kind_of(path), help_text))
+    return families
+
+
 class _Reading:
     """What of a values file from the folder of a confined server of ``mount`` is counted. A sample is left out if
     it would pass for, or change, one of gymhost's families: one of gymhost's named otherwise than gymhost declares
@@ -395,45 +429,52 @@ class _Reading:
     either could render as one of gymhost's). The merge takes a family's help and type from the first file that
     names it and a gauge's mode from the last, so such a sample would relabel the family, gymhost's own files' too.
     It is also left out if it is of another mount (each would count as that mount's), or one of gymhost's families
-    of a whole process that a confined server, one process with no workers, never writes, or has label names the
-    exposition would rewrite, or (``hosted``: the families the servers' own code declared in the folders read
-    before) declares a family of hosted code's otherwise than a folder before did. A sample of hosted code's own
-    family with no mount is counted as its server's mount's (each mount's ``/metrics`` shows the samples of none)."""
+    of a whole process (of no mount: it would count as the gateway's own), or has label names the exposition would
+    rewrite, or a ``pid`` label in a gauge (the merge gives a gauge's samples their file's), or (``hosted``: the
+    families of the gateway's own files and of the folders read before) declares a family not gymhost's otherwise
+    than they do. A sample of hosted code's own family with no mount is counted as its server's mount's (each
+    mount's ``/metrics`` shows the samples of none), unless the same sample is there with its mount too."""
 
-    def __init__(self, mount: str, hosted: dict[str, tuple[str, str]]) -> None:
-        self.mount, self.hosted = mount, hosted
+    def __init__(self, folder: str, mount: str, hosted: dict[str, tuple[str, str]]) -> None:
+        self.folder, self.mount, self.hosted = folder, mount, hosted
 
-    def keep(self, path: str) -> str | None:
-        """The values file at ``path`` rewritten with what of it is counted; why something was not, or None."""
+    def keep(self, copy: str, path: str) -> bool:
+        """Whether the copy of the values file at ``path`` holds values, rewritten with what of them is counted; what
+        is not, logged."""
         from prometheus_client.mmap_dict import MmapedDict
 
-        kind, _, rest = os.path.basename(path).partition("_")
-        if kind == "gauge":
-            kind += "_" + rest.partition("_")[0]
-        kept, why, changed = [], None, False
-        for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(path):  # type: ignore[no-untyped-call]
+        kind, kept, why, relabelled = _kind_of(copy), dict[str, tuple[float, float]](), None, False
+        try:
+            entries = list(_entries(copy))
+        except Exception:  # not what prometheus_client writes, in any of the ways reading that fails
+            _left_out(path, "it holds no values gymhost can read", among=self.folder)
+            return False
+        for key, value, timestamp in entries:
             try:
                 family, sample, labels, help_text = json.loads(key)
                 refused = self._refusal(kind, family, sample, labels, help_text)
-            except (ValueError, TypeError, AttributeError):  # merged and rendered already: a key's parts of other types
+                if refused is None and "mount" not in labels and family not in _DECLARED:  # its own, of no mount
+                    key = json.dumps([family, sample, {**labels, "mount": self.mount}, help_text], sort_keys=True)
+                    relabelled = True
+            except (ValueError, TypeError, AttributeError):
                 refused = "its entries are not what prometheus_client writes"
-            if refused is None and ("mount" in labels or family in _DECLARED):
-                kept.append((key, value, timestamp))
-            elif refused is None:  # hosted code's own, of no mount: its server's
-                key = json.dumps([family, sample, {**labels, "mount": self.mount}, help_text], sort_keys=True)
-                kept.append((key, value, timestamp))
-                changed = True
+            if refused is None and key in kept:
+                refused = f"its {family} has a sample both with its mount and with none"
+            if refused is None:
+                kept[key] = (value, timestamp)
             else:
-                why, changed = why or refused, True
-        if changed:
-            os.remove(path)
-            values = MmapedDict(path)  # type: ignore[no-untyped-call]
+                why = why or refused
+        if why is not None:
+            _left_out(f"samples of {path}", why, among=self.folder)
+        if why is not None or relabelled:
+            os.remove(copy)
+            values = MmapedDict(copy)  # type: ignore[no-untyped-call]
             try:
-                for entry in kept:
-                    values.write_value(*entry)  # type: ignore[no-untyped-call]
+                for key, (value, timestamp) in kept.items():
+                    values.write_value(key, value, timestamp)  # type: ignore[no-untyped-call]
             finally:
                 values.close()  # type: ignore[no-untyped-call]
-        return why
+        return True
 
     def _refusal(self, kind: str, family: Any, sample: Any, labels: Any, help_text: Any) -> str | None:
         if not all(isinstance(part, str) for part in (family, sample, help_text, *labels, *labels.values())):
@@ -447,12 +488,14 @@ class _Reading:
             names = (family, sample, family + "_total")
             if not all(_CLASSIC_NAME.match(name) and not name.startswith(_OURS_PREFIXES) for name in names):
                 return f"its {family} would pass for, or relabel, one of gymhost's metrics"
+            if kind.startswith("gauge") and "pid" in labels:
+                return f"its {family} has a pid label, which the merge gives a gauge's samples"
             if self.hosted.setdefault(family, (kind, help_text)) != (kind, help_text):
                 return f"its {family} is declared otherwise than by a server read before it"
         elif (kind, help_text, frozenset(labels)) != (declared.kind, declared.help, declared.samples.get(sample)):
             return f"its {family} would pass for, or relabel, one of gymhost's metrics"
-        elif "mount" not in labels and family not in _CONFINED_PROCESS_FAMILIES:
-            return f"its {family} is not one a confined server writes"
+        elif "mount" not in labels:
+            return f"its {family} is of no mount, as the gateway's own process's is"
         return None
 
 
@@ -482,8 +525,6 @@ _DECLARED = _declarations()
 _OURS_PREFIXES = ("gymhost_", "http_server_")  # every family of gymhost's begins so
 _CLASSIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")  # what the exposition writes as it is
 _CLASSIC_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
-# gymhost's families of a whole process that a confined server (one process, no workers) writes
-_CONFINED_PROCESS_FAMILIES = frozenset({"gymhost_accept_errors", "gymhost_listen_overflows"})
 
 
 class _Collected:
@@ -494,16 +535,16 @@ class _Collected:
         return self.metrics
 
 
-def _copied(path: str, folder: str) -> str | None:
-    """A copy of the values file at ``path`` in ``folder``, under its own name, its entries within
-    ``_MAX_USED_BYTES``; None if it is not one (``_regular_file``)."""
+def _copied(path: str, folder: str, at_most: int | None = None) -> str | None:
+    """A copy of the values file at ``path`` in ``folder``, under its own name, its entries within ``at_most`` bytes
+    (a confined server's: gymhost's own grow with their series); None if it is not one (``_regular_file``)."""
     with _regular_file(path) as file:
         if file is None:
             return None
         try:
             header = file.read(8)
             used = int.from_bytes(header[:4], "little", signed=True) if len(header) == 8 else -1
-            if not 8 <= used <= _MAX_USED_BYTES:
+            if used < 8 or (at_most is not None and used > at_most):
                 _left_out(path, f"its header says {used} bytes")
                 return None
             data = header + file.read(used - 8)
@@ -539,10 +580,14 @@ def _regular_file(path: str) -> Iterator[BinaryIO | None]:
         os.close(descriptor)
 
 
-def _left_out(what: str, why: str) -> None:
-    if what not in _LEFT_OUT_SAID and len(_LEFT_OUT_SAID) < 1000:
-        _LEFT_OUT_SAID.add(what)
-        logger.warning("metrics: left out %s: %s", what, why)
+def _left_out(what: str, why: str, among: str = "") -> None:
+    """Said once for each ``what``, and at most ``_SAID_AMONG`` times ``among`` a confined server's folder: one
+    whose code names file after file would otherwise use up what is said for the others."""
+    if what in _LEFT_OUT_SAID or len(_LEFT_OUT_SAID) >= 1000 or _SAID[among] >= _SAID_AMONG:
+        return
+    _LEFT_OUT_SAID.add(what)
+    _SAID[among] += bool(among)
+    logger.warning("metrics: left out %s: %s", what, why)
 
 
 def _folders_below(folder: str) -> list[str]:
