@@ -281,6 +281,50 @@ print(os.getuid(), sum(e.isdigit() for e in os.listdir('/proc')))
 """
 
 
+FORGE_OPEN = """\
+import os
+from prometheus_client.mmap_dict import MmapedDict
+values = MmapedDict(os.path.join(os.environ["PROMETHEUS_MULTIPROC_DIR"], "gauge_livesum_forged.db"))
+values.write_value('["gymhost_episodes_open", "gymhost_episodes_open", {"mount": "/runner"}, '
+                   '"Episodes seeded and not yet ended."]', -1.0, 0.0)
+values.close()
+print("none open")
+"""
+
+
+async def test_a_gateways_drain_waits_for_a_confined_servers_episode_whatever_its_code_wrote(tmp_path: Path) -> None:
+    """A gateway waits in a drain for the episodes its process mounts hold, as each counts them itself: the model's
+    code in a confined server, which may write among its server's metrics, once made its open episodes read as
+    none there, and the gateway stopped it with an episode open. (A written folder beside it keeps the gateway
+    unconfined, its Gym server a process of its own.)"""
+    root = tmp_path / "root"
+    await awrite_folder(str(make_bundle(tmp_path / "bundles")), root, instances=1, mode="process")
+    make_folder(
+        root / "resources_servers", name="runner", config=CONFIG.format(key="runner", name="runner"), app=RUNNER
+    )
+    command = gymhost_command("serve", str(root), "--port", "0", "--sandbox", "strict", "--drain-timeout", "60")
+    with serving(command) as server:
+        async with EpisodeClient(f"{server.url}/runner") as forger:
+            await forger.seed(ROW)
+            forged = await forger.post("/verify", {**ROW, "response": response_saying(FORGE_OPEN)})
+            assert forged.json()["printed"] == "none open\n", forged.text
+        async with EpisodeClient(f"{server.url}/runner") as episode, httpx.AsyncClient(base_url=server.url) as probe:
+            await episode.seed(ROW)
+            with anyio.fail_after(STATE_TIMEOUT_S):  # the gateway has read the episode open
+                while (await probe.get("/readyz")).headers.get("gymhost-open-episodes") != "1":
+                    await anyio.sleep(0.1)
+            server.process.send_signal(signal.SIGTERM)
+            with anyio.fail_after(STATE_TIMEOUT_S):
+                while (await probe.get("/readyz")).status_code == 200:  # the drain has begun
+                    await anyio.sleep(0.05)
+            answer = await episode.post("/verify", {**ROW, "response": response_saying("print('done')")})
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["printed"] == "done\n"
+        server.process.wait(STATE_TIMEOUT_S)
+    assert "for 1 open episode(s) to end" in server.output, server.output
+    assert "drained: every open episode has ended" in server.output, server.output
+
+
 async def test_strict_on_a_root_with_written_folders_confines_each_gym_server_in_a_process_of_its_own(
     tmp_path: Path,
 ) -> None:

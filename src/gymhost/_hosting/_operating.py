@@ -156,12 +156,19 @@ async def liveness_endpoint(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
+OPEN_EPISODES_HEADER = "gymhost-open-episodes"  # an app's readiness answer's: its episodes open now, from memory
+
+
 async def readiness_endpoint(request: Request) -> Response:
-    """One app's readiness, or a gateway's: ready when every mount is."""
+    """One app's readiness, or a gateway's: ready when every mount is. The answer also says how many episodes are
+    open (``OPEN_EPISODES_HEADER``; a gateway's, of every mount), which a gateway running the app as a process mount
+    waits for in a drain: counted in the process, where its ``/metrics`` adds up values files that the code a
+    confined server runs may write."""
     reasons = _not_ready(request.app)
+    headers = {OPEN_EPISODES_HEADER: str(_open_episodes(request.app))}
     if reasons:
-        return JSONResponse({"status": "unavailable", "reason": reasons}, status_code=503)
-    return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable", "reason": reasons}, status_code=503, headers=headers)
+    return JSONResponse({"status": "ok"}, headers=headers)
 
 
 async def metrics_endpoint(request: Request) -> Response:
@@ -174,6 +181,13 @@ async def metrics_endpoint(request: Request) -> Response:
             each.refresh_gauges()
     body = await asyncio.to_thread(render, operations.mount if operations is not None else None)
     return Response(body, media_type=CONTENT_TYPE)
+
+
+def _open_episodes(app: Any) -> int:
+    operations = OPERATIONS.get(app)
+    if operations is not None:
+        return operations.open_episodes()
+    return sum(_open_episodes(child) for child in (MOUNTS.get(app) or {}).values())
 
 
 def _mounts_operations(app: Any) -> list[Operations]:

@@ -32,7 +32,7 @@ from .._asgi import answer_json, path_below_mount
 from .._config import PARENT_PID_ENV_VAR, SECRET_ENV_VAR, MaskedVerdicts, ServeConfig
 from .._drain import drain
 from .._exceptions import GatewayError
-from .._hosting._operating import OPERATIONS
+from .._hosting._operating import OPEN_EPISODES_HEADER, OPERATIONS
 from .._scratch import remove, scratch_folder
 from .._sessions._forwarding import Forwarded, forward
 from .._sessions._signing import process_secret
@@ -207,17 +207,20 @@ class ProcessMount:
             await self._poll()
 
     async def _poll(self) -> bool:
-        """Whether the process is ready; its readiness reason and open episodes noted."""
+        """Whether the process is ready; its readiness reason and open episodes noted: as its readiness answer says
+        (counted in the process; its ``/metrics`` adds up what the code a confined server runs may write), or,
+        from a gymhost of a folder's own venv that does not say, from its ``/metrics``."""
         try:
             async with self._client(timeout=2.0) as client:
                 ready = await client.get("/readyz")
-                metrics = await client.get("/metrics")
+                said = ready.headers.get(OPEN_EPISODES_HEADER, "")
+                metrics = None if said.isdigit() else await client.get("/metrics")
         except httpx.TransportError:
             self.status.reason = "starting: its process is not answering yet"
             return False
         body = ready.json() if ready.headers.get("content-type", "").startswith("application/json") else {}
         self.status.reason = None if ready.status_code == 200 else str(body.get("reason") or ready.text[:200])
-        self.status.open = _open_episodes(metrics.text)
+        self.status.open = int(said) if metrics is None else _open_episodes(metrics.text)
         return ready.status_code == 200
 
     async def _stop(self) -> None:
