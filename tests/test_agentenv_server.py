@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -449,16 +451,23 @@ ODD_STATE_ENV = COUNTER_ENV.replace(
 )
 
 
+@contextlib.asynccontextmanager
+async def pool_view(tmp_path: Path, mode: str, env: str) -> AsyncIterator[tuple[httpx.Response, Any, Path]]:
+    """A folder of ``env`` served in ``mode``: ``/agentenv/pool/{index}`` of its first instance, the transport that
+    serves it, the folder."""
+    bundle = make_bundle(tmp_path)
+    (bundle / "env.py").write_text(env.replace("{TOOL}", "increment"))
+    folder = (await awrite_folder(str(bundle), tmp_path / "root", mode=mode)).path
+    async with served(folder) as transport, httpx.AsyncClient(transport=transport, base_url=BASE) as client:
+        index = (await pool_status(BASE, transport))["instances"][0]["index"]
+        yield await client.get(f"/agentenv/pool/{index}"), transport, folder
+
+
 @pytest.mark.parametrize("mode", ["process", "in_process"])
 async def test_the_pool_view_shows_a_state_json_cannot_carry(tmp_path: Path, mode: str) -> None:
     """``/agentenv/pool/{index}`` shows an instance's state, hosted code's: one holding NaN or a lone surrogate was a
     500. NaN shows as null (as pydantic writes it), the surrogate as its JSON escape."""
-    bundle = make_bundle(tmp_path)
-    (bundle / "env.py").write_text(ODD_STATE_ENV.replace("{TOOL}", "increment"))
-    folder = (await awrite_folder(str(bundle), tmp_path / "root", mode=mode)).path
-    async with served(folder) as transport, httpx.AsyncClient(transport=transport, base_url=BASE) as client:
-        index = (await pool_status(BASE, transport))["instances"][0]["index"]
-        shown = await client.get(f"/agentenv/pool/{index}")
+    async with pool_view(tmp_path, mode, ODD_STATE_ENV) as (shown, _, _):
         assert shown.status_code == 200, shown.text
         assert shown.json()["data"] == {"count": 0, "ratio": None, "file": "caf\udce9.txt"}, shown.text
 
@@ -474,12 +483,7 @@ DEEP_STATE_ENV = COUNTER_ENV.replace(
 async def test_the_pool_view_shows_that_a_state_is_nested_too_deeply(tmp_path: Path, mode: str) -> None:
     """A state nested past what the server's encoder (in-process) or the instance's and the server's JSON (process
     mode) can walk is shown as an error of that instance, not as a 500 of the view; the server serves on."""
-    bundle = make_bundle(tmp_path)
-    (bundle / "env.py").write_text(DEEP_STATE_ENV.replace("{TOOL}", "increment"))
-    folder = (await awrite_folder(str(bundle), tmp_path / "root", mode=mode)).path
-    async with served(folder) as transport, httpx.AsyncClient(transport=transport, base_url=BASE) as client:
-        index = (await pool_status(BASE, transport))["instances"][0]["index"]
-        shown = await client.get(f"/agentenv/pool/{index}")
+    async with pool_view(tmp_path, mode, DEEP_STATE_ENV) as (shown, transport, folder):
         assert shown.status_code == 200, shown.text
         assert shown.json()["data"] is None, shown.text[:300]
         assert shown.json()["error"], shown.text[:300]
