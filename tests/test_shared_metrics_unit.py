@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -92,16 +94,16 @@ def test_a_family_of_hosted_code_declared_otherwise_by_a_later_server_is_left_ou
 def test_the_folder_of_a_confined_server_killed_before_it_removed_it_is_left_out_and_removed(tmp_path: Path) -> None:
     """A process mount killed (the OOM killer) leaves its folder; its gauges would count what was open then, for
     ever, beside the folder of the server started again in its place."""
-    reader, writer = os.pipe()
-    child = os.fork()
-    if child == 0:  # the process mount: makes its folder and writes, then is gone without removing it
-        made = confined_metrics_folder(tmp_path, "/runner")
-        write(made / "gauge_livesum_3.db", ("runner_open", "runner_open", {"mount": "/runner"}, "open", 7.0))
-        os.write(writer, b"x")
-        os._exit(0)
-    os.close(writer)
-    assert os.read(reader, 1) == b"x"
-    os.waitpid(child, 0)
+    made_by_another = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from prometheus_client.mmap_dict import MmapedDict\n"
+        "from gymhost._metrics import confined_metrics_folder\n"
+        "values = MmapedDict(str(confined_metrics_folder(Path(sys.argv[1]), '/runner') / 'gauge_livesum_3.db'))\n"
+        "values.write_value(json.dumps(['runner_open', 'runner_open', {'mount': '/runner'}, 'open'], sort_keys=True),"
+        " 7.0, 0.0)\n"
+    )  # the process mount: makes its folder and writes, then is gone without removing it
+    subprocess.run([sys.executable, "-c", made_by_another, str(tmp_path)], check=True)
     assert len(os.listdir(tmp_path)) == 2, "its folder and its record"
     kept = confined_metrics_folder(tmp_path, "/runner")  # this process's, alive
     write(kept / "gauge_livesum_4.db", ("runner_open", "runner_open", {"mount": "/runner"}, "open", 1.0))
@@ -143,3 +145,30 @@ def test_the_gateways_own_values_are_read_whatever_their_size(tmp_path: Path) ->
     values.close()
     assert os.path.getsize(tmp_path / "counter_1.db") > 4 << 20
     assert 'mount="/m39999"' in exposition(tmp_path)
+
+
+def ordered(folder: Path, mount: str, last: str) -> Path:
+    """``confined_metrics_folder``'s, renamed to sort by ``last`` among those of this process (as read)."""
+    made = confined_metrics_folder(folder, mount)
+    renamed = made.with_name(made.name.rpartition("-")[0] + "-" + last)
+    made.rename(renamed)
+    Path(f"{made}.mount").rename(f"{renamed}.mount")
+    return renamed
+
+
+def test_no_two_families_render_one_name_and_a_folder_left_out_claims_none(tmp_path: Path) -> None:
+    """A strict parser refuses an exposition with a sample name twice, and Prometheus counts the second as a
+    duplicate; and a folder whose values do not merge, left out, holds no name against the folders after it."""
+    first, second, third = (ordered(tmp_path, f"/{name}", name) for name in "abc")
+    write(first / "counter_1.db", ("x", "x_total", {}, "x", 1.0), ("y", "z_total", {}, "not y's", 1.0))
+    write(
+        second / "histogram_1.db",
+        ("requests", "requests_bucket", {"le": "not a number"}, "requests", 1.0),
+        ("requests", "requests_count", {}, "requests", 1.0),
+    )
+    write(third / "gauge_livesum_1.db", ("x_total", "x_total", {}, "x as a gauge", 2.0))
+    write(third / "counter_1.db", ("requests", "requests_total", {}, "requests", 5.0))
+    text = exposition(tmp_path)
+    assert [line for line in text.splitlines() if line.startswith("x_total")] == ['x_total{mount="/a"} 1.0'], text
+    assert "z_total" not in text, text
+    assert 'requests_total{mount="/c"} 5.0' in text, text

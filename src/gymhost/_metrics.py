@@ -336,7 +336,7 @@ class _SharedMetrics:
             )
             merged = _merged(copied)
             assert merged is not None, "_mergeable's are"
-            hosted = _families_of(copied)
+            names, folders = _Names.of(copied), []
             for number, below in enumerate(_folders_below(self.folder)):
                 if _maker_gone(below):  # killed (the OOM killer): its gauges of what was open would stay
                     release_confined_metrics_folder(Path(below))
@@ -345,20 +345,30 @@ class _SharedMetrics:
                 if mount is None:
                     _left_out(below, "no record says which mount its server serves")
                     continue
-                reading, files = _Reading(below, mount, hosted), []
+                reading, files = _Reading(below, mount, names), []
                 for index, path in enumerate(sorted(_value_files(below, depth=2))[:_MAX_FILES_A_FOLDER]):
                     copy = _copied(path, f"{copies}/{number}-{index}", _MAX_USED_BYTES)
                     if copy is not None and reading.keep(copy, path):
                         files.append(copy)
-                tried = _merged([*copied, *files])  # once a folder: each file's keys were checked on their own
-                if tried is None:
-                    _left_out(below, "its values do not merge with the others'")
-                    continue
-                copied, merged = [*copied, *files], tried
+                if reading.entries > _MAX_ENTRIES_A_FOLDER:
+                    _left_out(below, f"its files hold more than {_MAX_ENTRIES_A_FOLDER} samples")
+                elif _merged(files) is None:  # alone: its names were checked against the others' as it was read
+                    _left_out(below, "its values do not merge")
+                else:
+                    names.take(reading.staged)
+                    folders.append(files)
+            everything = _merged([*copied, *(path for files in folders for path in files)])
+            if everything is not None:
+                return everything
+            for files in folders:  # not expected: each folder merges alone, of names no other holds
+                tried = _merged([*copied, *files])
+                if tried is not None:
+                    copied, merged = [*copied, *files], tried
         return merged
 
 
 _MAX_FILES_A_FOLDER = 256  # a confined server's values files: one a metric type and process (a few dozen)
+_MAX_ENTRIES_A_FOLDER = 20_000  # its samples (an honest server's: a few hundred); a scrape reads them all
 _MAX_USED_BYTES = 4 * 1024 * 1024  # a values file's entries (a few thousand series); past this it is not read
 _LEFT_OUT_SAID: set[str] = set()  # what was left out, said once each
 _SAID: collections.Counter[str] = collections.Counter()  # by confined server's folder
@@ -407,17 +417,42 @@ def _kind_of(path: str) -> str:
     return kind + "_" + rest.partition("_")[0] if kind == "gauge" else kind
 
 
-def _families_of(files: list[str]) -> dict[str, tuple[str, str]]:
-    """The families not gymhost's in ``files`` (a process mount's own code's, say), with their type and help: a
-    confined server's family of the same name must be declared alike, or it would change theirs."""
-    families: dict[str, tuple[str, str]] = {}
-    for path in files:
-        for key, _, _ in _entries(path):
-            with contextlib.suppress(ValueError, TypeError):  # merged already: read as the merge reads them
-                family, _, _, help_text = json.loads(key)
-                if family not in _DECLARED:
-                    families.setdefault(family, (_kind_of(path), help_text))
-    return families
+class _Names:
+    """What an exposition holds so far: each family not gymhost's with its type and help, and each sample name
+    with its family (gymhost's declared ones included). A confined server's families are held to them, so that
+    none changes another's type or help, nor renders a sample under another's name (which a strict parser refuses,
+    and Prometheus counts as a duplicate); a folder's own are taken in once the folder is kept."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, tuple[str, str]] = {}
+        self.samples = {sample: family for family, declared in _DECLARED.items() for sample in declared.samples}
+
+    @classmethod
+    def of(cls, files: list[str]) -> _Names:
+        """gymhost's and those of the gateway's own ``files`` (a process mount's own code's, say)."""
+        names = cls()
+        for path in files:
+            for key, _, _ in _entries(path):
+                with contextlib.suppress(ValueError, TypeError):  # merged already: read as the merge reads them
+                    family, sample, _, help_text = json.loads(key)
+                    if family not in _DECLARED:
+                        names.families.setdefault(family, (_kind_of(path), help_text))
+                        names.samples.setdefault(sample, family)
+        return names
+
+    def conflict(self, staged: _Names, kind: str, family: str, sample: str, help_text: str) -> str | None:
+        """Why ``family``'s ``sample`` cannot be added to these and ``staged``, or None (then it is, to ``staged``)."""
+        for names in (self, staged):
+            if names.families.get(family, (kind, help_text)) != (kind, help_text):
+                return f"its {family} is declared otherwise than where it was read before"
+            if names.samples.get(sample, family) != family:
+                return f"its {sample} is a sample of another family, {names.samples[sample]}"
+        staged.families[family], staged.samples[sample] = (kind, help_text), family
+        return None
+
+    def take(self, staged: _Names) -> None:
+        self.families.update(staged.families)
+        self.samples.update(staged.samples)
 
 
 class _Reading:
@@ -430,13 +465,16 @@ class _Reading:
     names it and a gauge's mode from the last, so such a sample would relabel the family, gymhost's own files' too.
     It is also left out if it is of another mount (each would count as that mount's), or one of gymhost's families
     of a whole process (of no mount: it would count as the gateway's own), or has label names the exposition would
-    rewrite, or a ``pid`` label in a gauge (the merge gives a gauge's samples their file's), or (``hosted``: the
-    families of the gateway's own files and of the folders read before) declares a family not gymhost's otherwise
-    than they do. A sample of hosted code's own family with no mount is counted as its server's mount's (each
-    mount's ``/metrics`` shows the samples of none), unless the same sample is there with its mount too."""
+    rewrite, or a ``pid`` label in a gauge (the merge gives a gauge's samples their file's), or a sample name its
+    family's type does not write, or (``names``: those of the gateway's own files and of the folders kept before)
+    declares a family not gymhost's otherwise than they do, or renders under another family's sample name. A
+    sample of hosted code's own family with no mount is counted as its server's mount's (each mount's ``/metrics``
+    shows the samples of none), unless the same sample is there with its mount too."""
 
-    def __init__(self, folder: str, mount: str, hosted: dict[str, tuple[str, str]]) -> None:
-        self.folder, self.mount, self.hosted = folder, mount, hosted
+    def __init__(self, folder: str, mount: str, names: _Names) -> None:
+        self.folder, self.mount, self.names = folder, mount, names
+        self.staged = _Names()  # its own families, until its folder is kept
+        self.entries = 0
 
     def keep(self, copy: str, path: str) -> bool:
         """Whether the copy of the values file at ``path`` holds values, rewritten with what of them is counted; what
@@ -449,6 +487,9 @@ class _Reading:
         except Exception:  # not what prometheus_client writes, in any of the ways reading that fails
             _left_out(path, "it holds no values gymhost can read", among=self.folder)
             return False
+        self.entries += len(entries)
+        if self.entries > _MAX_ENTRIES_A_FOLDER:
+            return False  # its folder is left out whole
         for key, value, timestamp in entries:
             try:
                 family, sample, labels, help_text = json.loads(key)
@@ -488,10 +529,12 @@ class _Reading:
             names = (family, sample, family + "_total")
             if not all(_CLASSIC_NAME.match(name) and not name.startswith(_OURS_PREFIXES) for name in names):
                 return f"its {family} would pass for, or relabel, one of gymhost's metrics"
+            suffixes = _SUFFIXES.get(kind.partition("_")[0])
+            if suffixes is None or not any(sample == family + suffix for suffix in suffixes):
+                return f"its {family}'s sample {sample} is none a {kind} of that name writes"
             if kind.startswith("gauge") and "pid" in labels:
                 return f"its {family} has a pid label, which the merge gives a gauge's samples"
-            if self.hosted.setdefault(family, (kind, help_text)) != (kind, help_text):
-                return f"its {family} is declared otherwise than by a server read before it"
+            return self.names.conflict(self.staged, kind, family, sample, help_text)
         elif (kind, help_text, frozenset(labels)) != (declared.kind, declared.help, declared.samples.get(sample)):
             return f"its {family} would pass for, or relabel, one of gymhost's metrics"
         elif "mount" not in labels:
@@ -525,6 +568,13 @@ _DECLARED = _declarations()
 _OURS_PREFIXES = ("gymhost_", "http_server_")  # every family of gymhost's begins so
 _CLASSIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")  # what the exposition writes as it is
 _CLASSIC_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+# The samples prometheus_client's multiprocess mode writes of a family, by type (no info, enum or _created there).
+_SUFFIXES = {
+    "counter": ("_total",),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "summary": ("_sum", "_count"),
+}
 
 
 class _Collected:

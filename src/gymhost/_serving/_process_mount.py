@@ -94,7 +94,7 @@ def serving_apart(
                 "deploy/), or serve the folder alone with --workers N"
             )
         python = folder_venv(folder) if own_venv else Path(sys.executable)
-        return ProcessMount(folder, python, prefix, config, server_urls, masked_verdicts)
+        return ProcessMount(folder, python, prefix, config, server_urls, masked_verdicts, confined=confined)
 
     return apart
 
@@ -110,8 +110,12 @@ class ProcessMount:
         config: ServeConfig,
         server_urls: Mapping[str, str],
         masked_verdicts: MaskedVerdicts = "refuse",
+        *,
+        confined: bool = False,
     ) -> None:
+        """``confined``: its server runs confined (``_confined``), so the code it runs may write among its metrics."""
         self.folder, self.python, self.prefix, self.config = folder, python, prefix, config
+        self.confined = confined
         self.masked_verdicts = masked_verdicts  # the process applies the gateway's rule to its verdicts
         self.server_urls = dict(server_urls)
         self.status = _Status(prefix)
@@ -209,18 +213,25 @@ class ProcessMount:
     async def _poll(self) -> bool:
         """Whether the process is ready; its readiness reason and open episodes noted: as its readiness answer says
         (counted in the process; its ``/metrics`` adds up what the code a confined server runs may write), or,
-        from a gymhost of a folder's own venv that does not say, from its ``/metrics``."""
+        from a gymhost of a folder's own venv that does not say, from its ``/metrics``, unless it runs confined:
+        then, not knowing, as at least one (a drain waits for it until its timeout)."""
         try:
             async with self._client(timeout=2.0) as client:
                 ready = await client.get("/readyz")
                 said = ready.headers.get(OPEN_EPISODES_HEADER, "")
-                metrics = None if said.isdigit() else await client.get("/metrics")
+                said_it = said.isascii() and said.isdigit()
+                metrics = None if said_it or self.confined else await client.get("/metrics")
         except httpx.TransportError:
             self.status.reason = "starting: its process is not answering yet"
             return False
         body = ready.json() if ready.headers.get("content-type", "").startswith("application/json") else {}
         self.status.reason = None if ready.status_code == 200 else str(body.get("reason") or ready.text[:200])
-        self.status.open = int(said) if metrics is None else _open_episodes(metrics.text)
+        if said_it:
+            self.status.open = int(said)
+        elif metrics is not None:
+            self.status.open = _open_episodes(metrics.text)
+        else:
+            self.status.open = max(self.status.open, 1)
         return ready.status_code == 200
 
     async def _stop(self) -> None:
