@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.mmap_dict import MmapedDict
 
+from gymhost import _metrics as metrics
 from gymhost._metrics import _DECLARED, _SharedMetrics, confined_metrics_folder, release_confined_metrics_folder
 
 pytestmark = pytest.mark.unit
@@ -172,3 +173,17 @@ def test_no_two_families_render_one_name_and_a_folder_left_out_claims_none(tmp_p
     assert [line for line in text.splitlines() if line.startswith("x_total")] == ['x_total{mount="/a"} 1.0'], text
     assert "z_total" not in text, text
     assert 'requests_total{mount="/c"} 5.0' in text, text
+
+
+def test_a_confined_servers_own_folder_is_read_past_what_does_not_merge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a confined server the code it runs writes in the server's own values folder too: a file there that does
+    not merge is left out, where it made the server's /metrics a 500."""
+    monkeypatch.setattr(metrics, "_own_folder_hosted", True)  # as own_folder_is_hosted() says in one
+    write(tmp_path / "counter_2.db", ("gymhost_sessions_started", "gymhost_sessions_started_total",
+                                      {"mount": "/runner"}, SESSIONS, 1.0))  # fmt: skip
+    values = MmapedDict(str(tmp_path / "counter_3.db"))
+    values.write_value("not json", 1.0, 0.0)
+    values.close()
+    assert 'gymhost_sessions_started_total{mount="/runner"} 1.0' in exposition(tmp_path)

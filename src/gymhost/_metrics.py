@@ -273,6 +273,16 @@ def shared_metrics_folder() -> Path | None:
     return Path(folder) if folder else None
 
 
+def own_folder_is_hosted() -> None:
+    """In a confined server: the code it runs may write in its own values folder too, which its ``/metrics`` then
+    reads through copies, leaving out what does not merge (a gateway's and workers' own folders are gymhost's)."""
+    global _own_folder_hosted
+    _own_folder_hosted = True
+
+
+_own_folder_hosted = False
+
+
 def confined_metrics_folder(shared: Path, mount: str) -> Path:
     """A folder of its own in ``shared`` for a confined server of ``mount`` (a gateway's process mount) to keep its
     values in, and, beside it where its sandbox cannot write, the record of that mount: what the code it runs
@@ -331,13 +341,17 @@ class _SharedMetrics:
     def collect(self) -> Iterable[Metric]:
         with tempfile.TemporaryDirectory(prefix="gymhost-metrics-read-") as copies:
             own = sorted(_value_files(self.folder, depth=1))  # gymhost's processes'; in a confined server's own
-            copied = _mergeable(
-                [c for i, path in enumerate(own) if (c := _copied(path, f"{copies}/own-{i}")) is not None]
-            )
-            merged = _merged(copied)
-            assert merged is not None, "_mergeable's are"
+            if _own_folder_hosted:  # read through copies, those that do not merge left out
+                copied, merged = _mergeable([c for path in own if (c := _copied(path, f"{copies}/own")) is not None])
+            else:  # gymhost's processes' alone, as they are
+                copied, own_merged = own, _merged(own)
+                assert own_merged is not None, "gymhost's own values always merge"
+                merged = own_merged
+            below_all = _folders_below(self.folder)
+            if not below_all:  # no confined server's: gymhost's own, merged once
+                return merged
             names, folders = _Names.of(copied), []
-            for number, below in enumerate(_folders_below(self.folder)):
+            for number, below in enumerate(below_all):
                 if _maker_gone(below):  # killed (the OOM killer): its gauges of what was open would stay
                     release_confined_metrics_folder(Path(below))
                     continue
@@ -345,9 +359,10 @@ class _SharedMetrics:
                 if mount is None:
                     _left_out(below, "no record says which mount its server serves")
                     continue
-                reading, files = _Reading(below, mount, names), []
-                for index, path in enumerate(sorted(_value_files(below, depth=2))[:_MAX_FILES_A_FOLDER]):
-                    copy = _copied(path, f"{copies}/{number}-{index}", _MAX_USED_BYTES)
+                reading, files, places = _Reading(below, mount, names), [], dict[str, int]()
+                for path in sorted(_value_files(below, depth=2))[:_MAX_FILES_A_FOLDER]:
+                    place = places.setdefault(os.path.dirname(path), len(places))  # names are one folder's each
+                    copy = _copied(path, f"{copies}/{number}-{place}", _MAX_USED_BYTES)
                     if copy is not None and reading.keep(copy, path):
                         files.append(copy)
                 if reading.entries > _MAX_ENTRIES_A_FOLDER:
@@ -389,18 +404,20 @@ def _merged(files: list[str]) -> list[Metric] | None:
     return merged
 
 
-def _mergeable(files: list[str]) -> list[str]:
-    """``files``, those that do not merge with the ones before them left out (logged): gymhost's processes' always
-    merge, but in a confined server's own folder the code it runs writes too."""
-    if _merged(files) is not None:
-        return files
+def _mergeable(files: list[str]) -> tuple[list[str], list[Metric]]:
+    """``files``, those that do not merge with the ones before them left out (logged), and their merge: gymhost's
+    processes' always merge, but in a confined server's own folder the code it runs writes too."""
+    merged = _merged(files)
+    if merged is not None:
+        return files, merged
     kept: list[str] = []
     for path in files:
-        if _merged([*kept, path]) is None:
+        tried = _merged([*kept, path])
+        if tried is None:
             _left_out(path, "it holds no values gymhost can read")
         else:
-            kept.append(path)
-    return kept
+            kept, merged = [*kept, path], tried
+    return kept, merged or []
 
 
 def _entries(path: str) -> Iterator[tuple[str, float, float]]:

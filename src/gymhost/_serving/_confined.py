@@ -39,6 +39,7 @@ from .._hosting._targets import Target
 from .._metrics import (
     METRICS_FOLDER_ENV_VAR,
     confined_metrics_folder,
+    own_folder_is_hosted,
     release_confined_metrics_folder,
     shared_metrics_folder,
 )
@@ -246,6 +247,7 @@ def main(argv: Sequence[str]) -> None:
     take_secrets()  # none in the environment: read once, as every gymhost process does
     hand_secrets(secrets)
     inside = True
+    own_folder_is_hosted()
     server = Server(config)
     server._secret = secret_line  # the supervisor's words: where the secret is kept is out of sight in here
     try:
