@@ -331,9 +331,10 @@ class _SharedMetrics:
     it runs for the model (``code_gen``'s verify), which may write anything there, swap it as it is read, or make it
     a pipe. So a folder below is read through copies (``_copied``: regular files, never through a link, of a bounded
     size), after gymhost's own processes' files, and as the one mount its record says (``confined_metrics_folder``):
-    a file whose values do not merge and render with those is left out, and so are its samples that would pass for
-    another mount's or change gymhost's families (``_Reading``), and a folder whose files together do not merge with
-    the folders before it; each said once in the log."""
+    its samples that would pass for another mount's, change gymhost's families or another folder's, or render
+    under a name already taken are left out (``_Reading``, ``_Names``), and so is a folder whose maker is gone,
+    that has no record, holds too many samples, or whose values do not merge; each said in the log, a bounded number
+    of times a folder. Everything is merged once at the end."""
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
